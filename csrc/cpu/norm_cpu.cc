@@ -1,0 +1,156 @@
+// CPU kernels for RMSNorm/LayerNorm forward and backward, and the CPU FFI
+// handlers. Plain C++: one pass per row in float32, dgamma/dbeta accumulated
+// in float32 over rows in order, so results are reproducible.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+
+#include "../nb_module.h"
+#include "../norm_common.h"
+
+namespace jrn {
+namespace {
+
+// 16-bit float storage types with round-to-nearest-even conversions.
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+inline float to_float(float v) { return v; }
+inline float to_float(bf16_t v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float to_float(f16_t v) {
+  const uint32_t sign = (v.bits & 0x8000u) << 16;
+  uint32_t exp = (v.bits >> 10) & 0x1f, man = v.bits & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // inf / nan
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalize
+    int e = -1;
+    do { ++e; man <<= 1; } while (!(man & 0x400u));
+    u = sign | ((112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <class T> T from_float(float f);
+template <> inline float from_float<float>(float f) { return f; }
+template <> inline bf16_t from_float<bf16_t>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t{static_cast<uint16_t>(u >> 16)};
+}
+template <> inline f16_t from_float<f16_t>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return f16_t{static_cast<uint16_t>(sign | 0x7e00u)};  // nan
+  if (a >= 0x477ff000u) return f16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
+  if (a < 0x38800000u) {  // result is subnormal or zero: round at 2^-24
+    float af;
+    std::memcpy(&af, &a, 4);
+    // nearbyint rounds half to even in the default rounding mode.
+    return f16_t{static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(af * 16777216.f)))};
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // round mantissa to 10 bits, ties to even
+  return f16_t{static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
+}
+
+template <class P>
+inline float scale_at(const P* gamma, int64_t i, bool zero_centered) {
+  if (!gamma) return 1.f;
+  return zero_centered ? to_float(gamma[i]) + 1.f : to_float(gamma[i]);
+}
+
+struct CpuBackend {
+  using Bf16 = bf16_t;
+  using F16 = f16_t;
+
+  template <NormKind K, class T, class P>
+  static ffi::Error fwd(const FwdArgs& a) {
+    const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+    const T* x = static_cast<const T*>(a.x);
+    T* y = static_cast<T*>(a.y);
+    std::vector<float> row(H);
+    for (int64_t r = 0; r < a.shape.rows; ++r) {
+      const int64_t g = r / rpg;
+      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
+      const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
+      const T* xr = x + r * H;
+      float mean = 0.f;
+      if constexpr (K == NormKind::kLayer) {
+        for (int64_t i = 0; i < H; ++i) mean += to_float(xr[i]);
+        mean /= static_cast<float>(H);
+      }
+      float ss = 0.f;
+      for (int64_t i = 0; i < H; ++i) {
+        row[i] = to_float(xr[i]) - mean;
+        ss += row[i] * row[i];
+      }
+      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
+      for (int64_t i = 0; i < H; ++i) {
+        float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
+        if (beta) v += to_float(beta[i]);
+        y[r * H + i] = from_float<T>(v);
+      }
+      a.rstd[r] = rstd;
+      if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
+    }
+    return ffi::Error::Success();
+  }
+
+  template <NormKind K, class T, class P>
+  static ffi::Error bwd(const BwdArgs& a) {
+    const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+    const T* x = static_cast<const T*>(a.x);
+    const T* dy = static_cast<const T*>(a.dy);
+    T* dx = static_cast<T*>(a.dx);
+    std::vector<float> xhat(H), gdy(H), dg(a.dgamma ? H : 0), db(a.dbeta ? H : 0);
+    for (int64_t g = 0; g < a.shape.groups; ++g) {
+      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
+      std::fill(dg.begin(), dg.end(), 0.f);
+      std::fill(db.begin(), db.end(), 0.f);
+      for (int64_t r = g * rpg; r < (g + 1) * rpg; ++r) {
+        const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+        float sum_gdy = 0.f, sum_gdy_xhat = 0.f;
+        for (int64_t i = 0; i < H; ++i) {
+          const float d = to_float(dy[r * H + i]);
+          xhat[i] = (to_float(x[r * H + i]) - mean) * rstd;
+          gdy[i] = d * scale_at(gamma, i, a.zero_centered);
+          sum_gdy += gdy[i];
+          sum_gdy_xhat += gdy[i] * xhat[i];
+          if (a.dgamma) dg[i] += d * xhat[i];
+          if (a.dbeta) db[i] += d;
+        }
+        const float c1 = sum_gdy_xhat / static_cast<float>(H);
+        const float c2 = K == NormKind::kLayer ? sum_gdy / static_cast<float>(H) : 0.f;
+        for (int64_t i = 0; i < H; ++i) dx[r * H + i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
+      }
+      for (int64_t i = 0; i < H; ++i) {
+        if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(dg[i]);
+        if (a.dbeta) static_cast<P*>(a.dbeta)[g * H + i] = from_float<P>(db[i]);
+      }
+    }
+    return ffi::Error::Success();
+  }
+};
+
+}  // namespace
+}  // namespace jrn
+
+JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
+
+JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu)

@@ -1,0 +1,169 @@
+// Device helpers shared by every CUDA kernel of the library: element
+// conversions, vectorized loads/stores, row reductions, and error checking.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "../norm_common.h"
+
+namespace jrn::cuda {
+
+// ---- Error checking: every CUDA call and launch is turned into an ffi::Error.
+
+inline ffi::Error cuda_error(cudaError_t err, const char* what) {
+  return ffi::Error::Internal(std::string("jax_rmsnorm: ") + what + ": " + cudaGetErrorString(err));
+}
+
+// Checks the launch that just happened (configuration errors surface here).
+inline ffi::Error check_launch(const char* kernel) {
+  cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? ffi::Error::Success() : cuda_error(err, kernel);
+}
+
+#define JRN_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::xla::ffi::Error jrn_err_ = (expr);       \
+    if (jrn_err_.failure()) return jrn_err_;   \
+  } while (0)
+
+// ---- Conversions.
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <class T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// ---- Vectorized access: N consecutive elements moved with the widest
+// aligned accesses (16 bytes when N * sizeof(T) is a multiple of 16).
+
+template <class T, int N>
+struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) Pack {
+  T v[N];
+};
+
+// Loads N elements of p[0..N) into f as float. `p` must be aligned to the pack.
+template <int N, class T>
+__device__ __forceinline__ void load_pack(const T* p, float (&f)[N]) {
+  constexpr int kBytes = N * sizeof(T);
+  if constexpr (kBytes % 16 == 0) {
+    Pack<T, N> pk;
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c)
+      reinterpret_cast<uint4*>(&pk)[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(pk.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(p[i]);
+  }
+}
+
+template <int N, class T>
+__device__ __forceinline__ void store_pack(T* p, const float (&f)[N]) {
+  constexpr int kBytes = N * sizeof(T);
+  if constexpr (kBytes % 16 == 0) {
+    Pack<T, N> pk;
+#pragma unroll
+    for (int i = 0; i < N; ++i) pk.v[i] = from_float<T>(f[i]);
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c)
+      reinterpret_cast<uint4*>(p)[c] = reinterpret_cast<const uint4*>(&pk)[c];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_float<T>(f[i]);
+  }
+}
+
+// p[0..N) += v, for float data this kernel itself writes (no read-only path).
+template <int N>
+__device__ __forceinline__ void add_to(float* p, const float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < N / 4; ++c) {
+      float4 w = reinterpret_cast<float4*>(p)[c];
+      w.x += v[4 * c]; w.y += v[4 * c + 1]; w.z += v[4 * c + 2]; w.w += v[4 * c + 3];
+      reinterpret_cast<float4*>(p)[c] = w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] += v[i];
+  }
+}
+
+// Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.
+template <int N, class P>
+__device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zero_centered,
+                                           float (&s)[N]) {
+  if (gamma == nullptr) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = 1.f;
+    return;
+  }
+  load_pack<N>(gamma + col, s);
+  if (zero_centered) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] += 1.f;
+  }
+}
+
+// ---- Reductions over the threads of one row.
+//
+// A block is (threads_per_row, rows_per_block). Threads of one row are
+// consecutive lanes (threads_per_row <= 32) or whole warps (> 32).
+// row_sum<M> sums M values at once, so LayerNorm pays one barrier pair for two
+// sums. `smem` holds rows_per_block * 32 * M floats. Every thread of the block
+// must call it (it may contain __syncthreads).
+
+template <int M>
+__device__ __forceinline__ void warp_sum(float (&v)[M], int width) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    if (off < width) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) v[m] += __shfl_xor_sync(0xffffffffu, v[m], off);
+    }
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
+  const int tpr = blockDim.x;
+  warp_sum<M>(v, tpr < 32 ? tpr : 32);
+  if (tpr <= 32) return;
+  const int warps = tpr / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* mine = smem + threadIdx.y * 32 * M;
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) mine[m * 32 + warp] = v[m];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float s = 0.f;
+    for (int w = 0; w < warps; ++w) s += mine[m * 32 + w];  // same order in every thread
+    v[m] = s;
+  }
+  __syncthreads();  // smem may be reused right after
+}
+
+inline int pow2_ceil(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace jrn::cuda

@@ -1,0 +1,31 @@
+// The CUDA launchers, as the FFI handlers see them. Implemented in
+// norm_fwd.cu / norm_bwd.cu and instantiated there for every supported
+// (normalization, element type, parameter type).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../norm_common.h"
+
+namespace jrn::cuda {
+
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a);
+
+template <NormKind K, class T, class P>
+ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a);
+
+// Applies MACRO(K, T, P) to every instantiated combination.
+#define JRN_FOR_EACH_INSTANCE(MACRO)                                       \
+  MACRO(::jrn::NormKind::kRms, float, float)                               \
+  MACRO(::jrn::NormKind::kRms, __nv_bfloat16, __nv_bfloat16)               \
+  MACRO(::jrn::NormKind::kRms, __nv_bfloat16, float)                       \
+  MACRO(::jrn::NormKind::kRms, __half, __half)                             \
+  MACRO(::jrn::NormKind::kRms, __half, float)                              \
+  MACRO(::jrn::NormKind::kLayer, float, float)                             \
+  MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, __nv_bfloat16)             \
+  MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, float)                     \
+  MACRO(::jrn::NormKind::kLayer, __half, __half)                           \
+  MACRO(::jrn::NormKind::kLayer, __half, float)
+
+}  // namespace jrn::cuda

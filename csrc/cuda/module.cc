@@ -1,0 +1,33 @@
+// The CUDA FFI handlers and the nanobind module that hands them to Python.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+
+#include "../nb_module.h"
+#include "../norm_common.h"
+#include "launch.h"
+
+namespace jrn {
+
+struct CudaBackend {
+  using Bf16 = __nv_bfloat16;
+  using F16 = __half;
+  template <NormKind K, class T, class P>
+  static ffi::Error fwd(cudaStream_t stream, const FwdArgs& a) {
+    return cuda::launch_fwd<K, T, P>(stream, a);
+  }
+  template <NormKind K, class T, class P>
+  static ffi::Error bwd(cudaStream_t stream, const BwdArgs& a) {
+    return cuda::launch_bwd<K, T, P>(stream, a);
+  }
+};
+
+}  // namespace jrn
+
+#define JRN_COMMA ,
+JRN_DEFINE_NORM_HANDLERS(Cuda, ::jrn::CudaBackend,
+                         ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
+                         cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
+
+JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda)

@@ -1,0 +1,249 @@
+// Backward kernels.
+//
+//   xhat = (x - mean) * rstd,  gdy = dy * scale
+//   dx   = rstd * (gdy - mean(gdy) - xhat * mean(gdy * xhat))   (LayerNorm)
+//   dx   = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
+//   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
+//
+// dgamma/dbeta are reduced without atomics: each "slot" (one row of threads of
+// a CTA) walks a fixed set of rows and keeps its column sums, written to its
+// own row of the float32 workspace; bwd_reduce then adds the slots column by
+// column in a fixed order. The result is bitwise reproducible run to run.
+#include "device_utils.cuh"
+#include "launch.h"
+
+namespace jrn::cuda {
+namespace {
+
+constexpr int kRegItems = 2;  // packs per thread in bwd_regs
+constexpr int kRegThreads = 512;
+constexpr int kStreamThreads = 512;
+constexpr int kBlockThreads = 256;
+constexpr int kReduceCols = 32, kReduceSplit = 16;
+
+// Slots [0, used) of group blockIdx.y; `stride` is the slot count the
+// workspace was allocated with.
+struct SlotLayout {
+  int64_t used;
+  int64_t stride;
+};
+
+__device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64_t slot, int out) {
+  const int64_t H = a.shape.hidden, K = a.param_outputs();
+  return a.workspace + ((blockIdx.y * l.stride + slot) * K + out) * H;
+}
+
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l) {
+  __shared__ float smem[kRegThreads / 32 * 2];
+  const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+  const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
+
+  float scale[kRegItems][VEC], dg[kRegItems][VEC], db[kRegItems][VEC];
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    if (col < H) {
+      load_scale<VEC>(gamma, col, a.zero_centered, scale[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dg[i][j] = db[i][j] = 0.f;
+  }
+
+  // Every thread of the block runs the same number of iterations (row_sum
+  // holds barriers); rows past the group's end are masked.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < rpg; base += l.used) {
+    const int64_t r = base + threadIdx.y;
+    const bool valid = r < rpg;
+    const int64_t row = group_row0 + r;
+    const T* x = static_cast<const T*>(a.x) + row * H;
+    const T* dy = static_cast<const T*>(a.dy) + row * H;
+    const float rstd = valid ? a.rstd[row] : 0.f;
+    const float mean = (K == NormKind::kLayer && valid) ? a.mean[row] : 0.f;
+
+    float xh[kRegItems][VEC], g[kRegItems][VEC];
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+      if (valid && col < H) {
+        float d[VEC];
+        load_pack<VEC>(x + col, xh[i]);
+        load_pack<VEC>(dy + col, d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          xh[i][j] = (xh[i][j] - mean) * rstd;
+          g[i][j] = d[j] * scale[i][j];
+          acc[0] += g[i][j] * xh[i][j];
+          acc[1] += g[i][j];
+          dg[i][j] += d[j] * xh[i][j];
+          db[i][j] += d[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xh[i][j] = g[i][j] = 0.f;
+      }
+    }
+    if constexpr (K == NormKind::kLayer) {
+      row_sum<2>(acc, smem);
+    } else {
+      row_sum<1>(reinterpret_cast<float(&)[1]>(acc), smem);
+    }
+    const float c1 = acc[0] / static_cast<float>(H);
+    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    if (valid) {
+      T* dx = static_cast<T*>(a.dx) + row * H;
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) {
+        const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+        if (col < H) {
+          float out[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out[j] = rstd * (g[i][j] - c2 - xh[i][j] * c1);
+          store_pack<VEC>(dx + col, out);
+        }
+      }
+    }
+  }
+
+  if (a.workspace == nullptr || slot >= l.used) return;
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    if (col < H) {
+      int out = 0;
+      if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg[i]);
+      if (a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
+    }
+  }
+}
+
+// One CTA per slot, one row at a time, the row streamed twice. The slot's
+// column sums live in its workspace row (each column always touched by the
+// same thread, so no synchronization is needed for them).
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayout l) {
+  __shared__ float smem[kStreamThreads / 32 * 2];
+  const int64_t H = a.shape.hidden, nvec = H / VEC, rpg = a.shape.rows_per_group();
+  const int64_t slot = blockIdx.x;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
+  const bool keep = a.workspace != nullptr;
+  float* wg = keep && a.dgamma ? slot_row(a, l, slot, 0) : nullptr;
+  float* wb = keep && a.dbeta ? slot_row(a, l, slot, a.dgamma ? 1 : 0) : nullptr;
+  const float zero[VEC] = {};
+  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+    if (wg) store_pack<VEC>(wg + p * VEC, zero);
+    if (wb) store_pack<VEC>(wb + p * VEC, zero);
+  }
+
+  for (int64_t r = slot; r < rpg; r += l.used) {
+    const int64_t row = static_cast<int64_t>(blockIdx.y) * rpg + r;
+    const T* x = static_cast<const T*>(a.x) + row * H;
+    const T* dy = static_cast<const T*>(a.dy) + row * H;
+    const float rstd = a.rstd[row];
+    const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+    float acc[2] = {0.f, 0.f};
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float xv[VEC], d[VEC], s[VEC];
+      load_pack<VEC>(x + p * VEC, xv);
+      load_pack<VEC>(dy + p * VEC, d);
+      load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float g = d[j] * s[j];
+        acc[0] += g * (xv[j] - mean) * rstd;
+        acc[1] += g;
+      }
+    }
+    row_sum<2>(acc, smem);
+    const float c1 = acc[0] / static_cast<float>(H);
+    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    T* dx = static_cast<T*>(a.dx) + row * H;
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float xv[VEC], d[VEC], s[VEC], out[VEC];
+      load_pack<VEC>(x + p * VEC, xv);
+      load_pack<VEC>(dy + p * VEC, d);
+      load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xh = (xv[j] - mean) * rstd;
+        out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+        xv[j] = d[j] * xh;  // reuse: this row's dgamma contribution
+      }
+      store_pack<VEC>(dx + p * VEC, out);
+      if (wg) add_to<VEC>(wg + p * VEC, xv);
+      if (wb) add_to<VEC>(wb + p * VEC, d);
+    }
+  }
+}
+
+// dgamma/dbeta[g, col] = sum over slots, in slot order within each of
+// kReduceSplit strided partial sums, then those added in a fixed tree.
+template <class P>
+__global__ void __launch_bounds__(kReduceCols* kReduceSplit) bwd_reduce(BwdArgs a, SlotLayout l) {
+  __shared__ float part[kReduceSplit][kReduceCols + 1];
+  const int64_t H = a.shape.hidden;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
+  const int out = blockIdx.z;
+  float s = 0.f;
+  if (col < H) {
+    for (int64_t slot = threadIdx.y; slot < l.used; slot += kReduceSplit) s += slot_row(a, l, slot, out)[col];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+#pragma unroll
+  for (int step = kReduceSplit / 2; step > 0; step >>= 1) {
+    if (threadIdx.y < step) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + step][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && col < H) {
+    void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
+    static_cast<P*>(dst)[blockIdx.y * H + col] = from_float<P>(part[0][threadIdx.x]);
+  }
+}
+
+template <NormKind K, class T, class P, int VEC>
+ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
+  const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
+  if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
+  // Without dgamma/dbeta there is no workspace; pick a slot count freely.
+  const int64_t slots = a.workspace ? a.slots : std::min<int64_t>(rpg, 4096);
+  if (slots < 1) return ffi::Error::InvalidArgument("jax_rmsnorm: backward workspace is missing");
+  SlotLayout l{slots, slots};
+  if (nvec <= static_cast<int64_t>(kRegThreads) * kRegItems) {
+    const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+    const int64_t rpb = std::min<int64_t>(tpr >= kBlockThreads ? 1 : kBlockThreads / tpr, slots);
+    const int64_t blocks = slots / rpb;
+    l.used = blocks * rpb;
+    bwd_regs<K, T, P, VEC><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.shape.groups)),
+                             dim3(tpr, static_cast<unsigned>(rpb)), 0, stream>>>(a, l);
+    JRN_RETURN_IF_ERROR(check_launch("bwd_regs"));
+  } else {
+    bwd_stream<K, T, P, VEC><<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(a.shape.groups)),
+                               kStreamThreads, 0, stream>>>(a, l);
+    JRN_RETURN_IF_ERROR(check_launch("bwd_stream"));
+  }
+  if (!a.workspace || a.param_outputs() == 0) return ffi::Error::Success();
+  const dim3 grid(static_cast<unsigned>((a.shape.hidden + kReduceCols - 1) / kReduceCols),
+                  static_cast<unsigned>(a.shape.groups), static_cast<unsigned>(a.param_outputs()));
+  bwd_reduce<P><<<grid, dim3(kReduceCols, kReduceSplit), 0, stream>>>(a, l);
+  return check_launch("bwd_reduce");
+}
+
+}  // namespace
+
+template <NormKind K, class T, class P>
+ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
+                      aligned16(a.dx) && (!a.gamma || aligned16(a.gamma));
+  return vec_ok ? launch_bwd_vec<K, T, P, kVec>(stream, a) : launch_bwd_vec<K, T, P, 1>(stream, a);
+}
+
+#define JRN_INSTANTIATE_BWD(K, T, P) \
+  template ffi::Error launch_bwd<K, T, P>(cudaStream_t, const BwdArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_BWD)
+
+}  // namespace jrn::cuda

@@ -1,0 +1,171 @@
+// Forward kernels: y = (x - mean) * rstd * scale + beta, saving mean/rstd.
+//
+// Two shapes of kernel:
+//  * fwd_regs: the row is read once into registers (up to 4 packs of 16 bytes
+//    per thread), one warp or CTA per row; used when the row fits.
+//  * fwd_stream: one CTA per row, the row streamed twice (the second read is
+//    served mostly by L2); used for very wide or unaligned rows.
+#include "device_utils.cuh"
+#include "launch.h"
+
+namespace jrn::cuda {
+namespace {
+
+constexpr int kRegItems = 4;        // packs per thread in fwd_regs
+constexpr int kMaxRowThreads = 1024;
+constexpr int kStreamThreads = 512;
+constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
+
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
+  __shared__ float smem[kMaxRowThreads / 32 * 2];
+  const int64_t H = a.shape.hidden;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+
+  float v[kRegItems][VEC];
+  float sum[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    if (valid && col < H) {
+      load_pack<VEC>(x + col, v[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum[0] += v[i][j];
+  }
+  float mean = 0.f;
+  if constexpr (K == NormKind::kLayer) {
+    row_sum<1>(sum, smem);
+    mean = sum[0] / static_cast<float>(H);
+  }
+  float ss[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    if (col < H) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] -= mean;
+        ss[0] += v[i][j] * v[i][j];
+      }
+    }
+  }
+  row_sum<1>(ss, smem);
+  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  if (!valid) return;
+
+  const int64_t poff = (row / a.shape.rows_per_group()) * H;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  T* y = static_cast<T*>(a.y) + row * H;
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    if (col < H) {
+      float s[VEC], out[VEC];
+      load_scale<VEC>(gamma, col, a.zero_centered, s);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * rstd * s[j];
+      if (beta) {
+        float b[VEC];
+        load_pack<VEC>(beta + col, b);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] += b[j];
+      }
+      store_pack<VEC>(y + col, out);
+    }
+  }
+  if (threadIdx.x == 0) {
+    a.rstd[row] = rstd;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+  }
+}
+
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
+  __shared__ float smem[kStreamThreads / 32 * 2];
+  const int64_t H = a.shape.hidden, nvec = H / VEC;
+  const int64_t row = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+
+  // LayerNorm sums are taken around a shift (the row's first element) so that
+  // var = E[(x-k)^2] - E[x-k]^2 does not cancel catastrophically.
+  const float shift = K == NormKind::kLayer ? to_float(x[0]) : 0.f;
+  float acc[2] = {0.f, 0.f};
+  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+    float v[VEC];
+    load_pack<VEC>(x + p * VEC, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[j] - shift;
+      acc[0] += d;
+      acc[1] += d * d;
+    }
+  }
+  row_sum<2>(acc, smem);
+  const float m1 = acc[0] / static_cast<float>(H);
+  const float mean = K == NormKind::kLayer ? shift + m1 : 0.f;
+  const float var = K == NormKind::kLayer ? fmaxf(acc[1] / static_cast<float>(H) - m1 * m1, 0.f)
+                                          : acc[1] / static_cast<float>(H);
+  const float rstd = rsqrtf(var + a.eps);
+
+  const int64_t poff = (row / a.shape.rows_per_group()) * H;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  T* y = static_cast<T*>(a.y) + row * H;
+  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+    float v[VEC], s[VEC];
+    load_pack<VEC>(x + p * VEC, v);
+    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean) * rstd * s[j];
+    if (beta) {
+      float b[VEC];
+      load_pack<VEC>(beta + p * VEC, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += b[j];
+    }
+    store_pack<VEC>(y + p * VEC, v);
+  }
+  if (threadIdx.x == 0) {
+    a.rstd[row] = rstd;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+  }
+}
+
+template <NormKind K, class T, class P, int VEC>
+ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
+  const int64_t nvec = a.shape.hidden / VEC;
+  if (nvec <= static_cast<int64_t>(kMaxRowThreads) * kRegItems) {
+    const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+    const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+    const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+    if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+    return check_launch("fwd_regs");
+  }
+  if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  fwd_stream<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
+  return check_launch("fwd_stream");
+}
+
+}  // namespace
+
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
+                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
+  return vec_ok ? launch_fwd_vec<K, T, P, kVec>(stream, a) : launch_fwd_vec<K, T, P, 1>(stream, a);
+}
+
+#define JRN_INSTANTIATE_FWD(K, T, P) \
+  template ffi::Error launch_fwd<K, T, P>(cudaStream_t, const FwdArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_FWD)
+
+}  // namespace jrn::cuda

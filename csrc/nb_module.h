@@ -1,0 +1,18 @@
+// The Python module of one platform: `registrations()` returns the FFI
+// handlers defined by JRN_DEFINE_NORM_HANDLERS(PREFIX, ...) by target name.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#define JRN_NB_MODULE(MODULE, PREFIX)                                                   \
+  NB_MODULE(MODULE, m) {                                                                \
+    m.def("registrations", []() {                                                       \
+      namespace nb = nanobind;                                                          \
+      nb::dict d;                                                                       \
+      d["jrn_rms_norm_fwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormFwd));     \
+      d["jrn_rms_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwd));     \
+      d["jrn_layer_norm_fwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwd)); \
+      d["jrn_layer_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwd)); \
+      return d;                                                                         \
+    });                                                                                 \
+  }

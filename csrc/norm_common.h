@@ -1,0 +1,332 @@
+// Host-side pieces shared by the CPU and CUDA FFI handlers: the problem shape
+// read off the FFI buffers, and the argument checks every handler makes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__CUDACC__)
+#define JRN_HOST_DEVICE __host__ __device__
+#else
+#define JRN_HOST_DEVICE
+#endif
+
+namespace jrn {
+
+namespace ffi = xla::ffi;
+
+enum class NormKind { kRms, kLayer };
+
+// A normalization problem: `rows` rows of `hidden` elements. The parameters
+// (gamma, beta) have `groups` rows; row r uses parameter row r / (rows / groups).
+// groups > 1 comes from vmapping over the parameters.
+struct NormShape {
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  int64_t groups = 1;
+  JRN_HOST_DEVICE int64_t rows_per_group() const { return groups > 0 ? rows / groups : 0; }
+};
+
+inline bool is_float_type(ffi::DataType t) {
+  return t == ffi::DataType::F32 || t == ffi::DataType::BF16 || t == ffi::DataType::F16;
+}
+
+inline const char* dtype_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::F64: return "float64";
+    default: return "an unsupported dtype";
+  }
+}
+
+// Reads rows/hidden from x and groups from the parameter buffer (gamma, or beta
+// when there is no gamma). `param_present` is false when neither is given.
+inline ffi::Error read_shape(const ffi::AnyBuffer& x, const ffi::AnyBuffer& param,
+                             bool param_present, NormShape* shape) {
+  auto dims = x.dimensions();
+  if (dims.size() < 1) return ffi::Error::InvalidArgument("jax_rmsnorm: x must have rank >= 1");
+  shape->hidden = dims.back();
+  shape->rows = shape->hidden > 0 ? static_cast<int64_t>(x.element_count()) / shape->hidden : 0;
+  shape->groups = 1;
+  if (!is_float_type(x.element_type())) {
+    return ffi::Error::InvalidArgument(std::string("jax_rmsnorm: x has dtype ") +
+                                       dtype_name(x.element_type()) +
+                                       ", expected float32, bfloat16 or float16");
+  }
+  if (param_present) {
+    auto pdims = param.dimensions();
+    if (pdims.size() < 1 || pdims.back() != shape->hidden) {
+      return ffi::Error::InvalidArgument("jax_rmsnorm: gamma/beta length must equal x's hidden size");
+    }
+    shape->groups = shape->hidden > 0 ? static_cast<int64_t>(param.element_count()) / shape->hidden : 1;
+    if (shape->groups < 1 || shape->rows % shape->groups != 0) {
+      return ffi::Error::InvalidArgument("jax_rmsnorm: parameter groups must divide the rows of x");
+    }
+    if (param.element_type() != ffi::DataType::F32 && param.element_type() != x.element_type()) {
+      return ffi::Error::InvalidArgument("jax_rmsnorm: gamma/beta dtype must be float32 or x's dtype");
+    }
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_same(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const char* what) {
+  if (a.element_count() != b.element_count() || a.element_type() != b.element_type()) {
+    return ffi::Error::InvalidArgument(std::string("jax_rmsnorm: ") + what);
+  }
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_stats(const ffi::AnyBuffer& s, int64_t rows, const char* name) {
+  if (s.element_type() != ffi::DataType::F32 || static_cast<int64_t>(s.element_count()) != rows) {
+    return ffi::Error::InvalidArgument(std::string("jax_rmsnorm: ") + name +
+                                       " must be float32 with one value per row");
+  }
+  return ffi::Error::Success();
+}
+
+// Calls f.template operator()<T, P>() with T the element type of x and P the
+// parameter type (float or T), or returns an error for an unsupported pair.
+template <typename Bf16, typename F16, typename F>
+ffi::Error dispatch_types(ffi::DataType x_type, ffi::DataType p_type, F&& f) {
+  const bool p32 = p_type == ffi::DataType::F32;
+  switch (x_type) {
+    case ffi::DataType::F32: return f.template operator()<float, float>();
+    case ffi::DataType::BF16:
+      return p32 ? f.template operator()<Bf16, float>() : f.template operator()<Bf16, Bf16>();
+    case ffi::DataType::F16:
+      return p32 ? f.template operator()<F16, float>() : f.template operator()<F16, F16>();
+    default:
+      return ffi::Error::InvalidArgument(std::string("jax_rmsnorm: unsupported dtype ") +
+                                         dtype_name(x_type));
+  }
+}
+
+// Everything a forward kernel needs. Pointers are typed by the dispatch.
+struct FwdArgs {
+  NormShape shape;
+  const void* x = nullptr;
+  const void* gamma = nullptr;  // null: no scale
+  const void* beta = nullptr;   // null: no shift
+  void* y = nullptr;
+  float* mean = nullptr;  // LayerNorm only
+  float* rstd = nullptr;
+  float eps = 0.f;
+  bool zero_centered = false;  // scale is (1 + gamma)
+};
+
+struct BwdArgs {
+  NormShape shape;
+  const void* dy = nullptr;
+  const void* x = nullptr;
+  const float* mean = nullptr;  // LayerNorm only
+  const float* rstd = nullptr;
+  const void* gamma = nullptr;
+  void* dx = nullptr;
+  void* dgamma = nullptr;  // null: not wanted
+  void* dbeta = nullptr;   // null: not wanted
+  // CUDA only: float32 partial sums of dgamma/dbeta, `slots` rows per group of
+  // `param_outputs * hidden` floats, reduced in a fixed order by a second pass.
+  float* workspace = nullptr;
+  int64_t slots = 0;
+  bool zero_centered = false;
+  JRN_HOST_DEVICE int param_outputs() const { return (dgamma ? 1 : 0) + (dbeta ? 1 : 0); }
+};
+
+// ---- Decoding of the FFI buffers into FwdArgs/BwdArgs, shared by both platforms.
+
+inline ffi::Error decode_fwd(NormKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
+                             const ffi::AnyBuffer* beta, ffi::AnyBuffer& y, ffi::AnyBuffer* mean,
+                             ffi::AnyBuffer& rstd, float eps, bool zero_centered, bool has_gamma,
+                             bool has_beta, FwdArgs* a) {
+  const ffi::AnyBuffer& param = has_gamma || !beta ? gamma : *beta;
+  if (auto e = read_shape(x, param, has_gamma || has_beta, &a->shape); e.failure()) return e;
+  if (has_gamma && has_beta && beta) {
+    if (auto e = check_same(gamma, *beta, "beta must match gamma in shape and dtype"); e.failure())
+      return e;
+  }
+  if (auto e = check_same(x, y, "y must match x"); e.failure()) return e;
+  if (auto e = check_stats(rstd, a->shape.rows, "rstd"); e.failure()) return e;
+  if (kind == NormKind::kLayer && mean) {
+    if (auto e = check_stats(*mean, a->shape.rows, "mean"); e.failure()) return e;
+    a->mean = static_cast<float*>(mean->untyped_data());
+  }
+  if (!(eps >= 0.f)) return ffi::Error::InvalidArgument("jax_rmsnorm: eps must be >= 0");
+  a->x = x.untyped_data();
+  a->gamma = has_gamma ? gamma.untyped_data() : nullptr;
+  a->beta = has_beta && beta ? beta->untyped_data() : nullptr;
+  a->y = y.untyped_data();
+  a->rstd = static_cast<float*>(rstd.untyped_data());
+  a->eps = eps;
+  a->zero_centered = zero_centered;
+  return ffi::Error::Success();
+}
+
+inline ffi::Error decode_bwd(NormKind kind, const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
+                             const ffi::AnyBuffer* mean, const ffi::AnyBuffer& rstd,
+                             const ffi::AnyBuffer& gamma, ffi::AnyBuffer& dx,
+                             ffi::AnyBuffer& dgamma, ffi::AnyBuffer* dbeta, bool zero_centered,
+                             bool has_gamma, bool has_beta, BwdArgs* a) {
+  const ffi::AnyBuffer& param = has_gamma ? gamma : (has_beta && dbeta ? *dbeta : gamma);
+  if (auto e = read_shape(x, param, has_gamma || has_beta, &a->shape); e.failure()) return e;
+  if (auto e = check_same(x, dy, "dy must match x in shape and dtype"); e.failure()) return e;
+  if (auto e = check_same(x, dx, "dx must match x"); e.failure()) return e;
+  if (auto e = check_stats(rstd, a->shape.rows, "rstd"); e.failure()) return e;
+  if (kind == NormKind::kLayer) {
+    if (!mean) return ffi::Error::InvalidArgument("jax_rmsnorm: LayerNorm backward needs mean");
+    if (auto e = check_stats(*mean, a->shape.rows, "mean"); e.failure()) return e;
+    a->mean = static_cast<const float*>(mean->untyped_data());
+  }
+  if (has_gamma) {
+    if (auto e = check_same(gamma, dgamma, "dgamma must match gamma"); e.failure()) return e;
+    a->gamma = gamma.untyped_data();
+    a->dgamma = dgamma.untyped_data();
+  }
+  if (has_beta && dbeta) {
+    if (static_cast<int64_t>(dbeta->element_count()) != a->shape.groups * a->shape.hidden)
+      return ffi::Error::InvalidArgument("jax_rmsnorm: dbeta must have the parameters' shape");
+    if (has_gamma && dbeta->element_type() != dgamma.element_type())
+      return ffi::Error::InvalidArgument("jax_rmsnorm: dbeta must have gamma's dtype");
+    a->dbeta = dbeta->untyped_data();
+  }
+  a->dy = dy.untyped_data();
+  a->x = x.untyped_data();
+  a->rstd = static_cast<const float*>(rstd.untyped_data());
+  a->dx = dx.untyped_data();
+  a->zero_centered = zero_centered;
+  return ffi::Error::Success();
+}
+
+// The parameter dtype a kernel is instantiated for: gamma's (or beta's), else x's.
+inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
+                                const ffi::AnyBuffer* beta, bool has_gamma, bool has_beta) {
+  if (has_gamma) return gamma.element_type();
+  if (has_beta && beta) return beta->element_type();
+  return x.element_type();
+}
+
+}  // namespace jrn
+
+// ---- The four FFI handlers of one platform, defined once for both.
+//
+// BACKEND is a struct with
+//   template <NormKind K, class T, class P> static ffi::Error fwd(CTX, const FwdArgs&);
+//   template <NormKind K, class T, class P> static ffi::Error bwd(CTX, const BwdArgs&);
+// and types BACKEND::Bf16 / BACKEND::F16 naming its 16-bit element types.
+// BIND is the binder with the platform's context already added; CTX_DECL/CTX
+// declare and forward that context (both empty on the CPU).
+#define JRN_DEFINE_NORM_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                           \
+  namespace jrn_handlers_##PREFIX {                                                             \
+  using namespace ::jrn;                                                                        \
+  template <NormKind K>                                                                         \
+  ::xla::ffi::Error Fwd(CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer gamma, const ::xla::ffi::AnyBuffer* beta,    \
+                 ::xla::ffi::AnyBuffer y, ::xla::ffi::AnyBuffer* mean, ::xla::ffi::AnyBuffer rstd, float eps,          \
+                 bool zc, bool has_gamma, bool has_beta) {                                      \
+    FwdArgs a;                                                                                  \
+    if (auto e = decode_fwd(K, x, gamma, beta, y, mean, rstd, eps, zc, has_gamma, has_beta, &a); \
+        e.failure())                                                                            \
+      return e;                                                                                 \
+    if (a.shape.rows == 0) return ::xla::ffi::Error::Success();                                        \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
+        [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
+  }                                                                                             \
+  template <NormKind K>                                                                         \
+  ::xla::ffi::Error Bwd(CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, const ::xla::ffi::AnyBuffer* mean,       \
+                 ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer gamma, ::xla::ffi::AnyBuffer dx,                   \
+                 ::xla::ffi::AnyBuffer dgamma, ::xla::ffi::AnyBuffer* dbeta, float* ws, int64_t ws_floats,     \
+                 bool zc, bool has_gamma, bool has_beta) {                                      \
+    BwdArgs a;                                                                                  \
+    if (auto e = decode_bwd(K, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, zc, has_gamma,       \
+                            has_beta, &a);                                                      \
+        e.failure())                                                                            \
+      return e;                                                                                 \
+    if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
+    a.workspace = ws;                                                                           \
+    const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
+    a.slots = per_slot > 0 ? ws_floats / per_slot : 0;                                          \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), has_gamma ? gamma.element_type() : dgamma.element_type(),             \
+        [&]<class T, class P>() { return BACKEND::bwd<K, T, P>(CTX a); });                      \
+  }                                                                                             \
+  }                                                                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormFwd,                                                                       \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,             \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, float eps, bool zc, bool has_gamma) {                \
+        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, *y, nullptr, \
+                                                                 *rstd, eps, zc, has_gamma,     \
+                                                                 false);                        \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Attr<float>("eps")                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormFwd,                                                                     \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,                          \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, ::xla::ffi::Result<::xla::ffi::AnyBuffer> mean,                        \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, float eps, bool zc, bool has_gamma, bool has_beta) {  \
+        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                             \
+            CTX x, g, &b, *y, &*mean, *rstd, eps, zc, has_gamma, has_beta);                     \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Attr<float>("eps")                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormBwd,                                                                       \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g,    \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg,                         \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {                             \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                               \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false);                   \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormBwd,                                                                     \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd, \
+         ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg,        \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma, \
+         bool has_beta) {                                                                       \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                             \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta);                \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Arg<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible})

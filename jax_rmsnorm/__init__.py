@@ -1,0 +1,27 @@
+"""jax_rmsnorm: RMSNorm and LayerNorm for JAX as XLA FFI custom calls.
+
+CUDA kernels on NVIDIA GPUs and C++ kernels on the CPU, forward and backward,
+under ``jit``, ``grad``, ``vmap`` and ``checkpoint``. See the README for the API.
+"""
+
+from ._api import (
+    layer_norm,
+    layer_norm_bwd,
+    layer_norm_fwd,
+    rms_norm,
+    rms_norm_bwd,
+    rms_norm_fwd,
+)
+from ._ffi import cuda_built
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "rms_norm",
+    "layer_norm",
+    "rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "cuda_built",
+]

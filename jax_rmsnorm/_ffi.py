@@ -1,0 +1,31 @@
+"""The one place that loads the compiled modules and registers their FFI targets.
+
+``_jax_rmsnorm_cpu`` is always built; ``_jax_rmsnorm_cuda`` only where a CUDA
+compiler was found at build time. Targets are registered per platform, and the
+primitives lower to the target of the platform a computation is lowered for.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from . import _jax_rmsnorm_cpu
+
+try:  # absent when the package was built without CUDA
+    from . import _jax_rmsnorm_cuda
+except ImportError:  # pragma: no cover - depends on the build
+    _jax_rmsnorm_cuda = None
+
+TARGETS = ("jrn_rms_norm_fwd", "jrn_rms_norm_bwd", "jrn_layer_norm_fwd", "jrn_layer_norm_bwd")
+
+for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+if _jax_rmsnorm_cuda is not None:
+    for _name, _capsule in _jax_rmsnorm_cuda.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+def cuda_built() -> bool:
+    """Whether this installation includes the CUDA kernels."""
+    return _jax_rmsnorm_cuda is not None

@@ -1,0 +1,233 @@
+"""The two primitive families: normalization forward and backward.
+
+Each primitive has, side by side, its abstract evaluation, its lowering to the
+FFI target of the platform (CPU or CUDA), and its batching rule.
+
+Operands are passed in the layout the kernels read: ``x`` of any rank,
+normalized over its last axis, and parameters (gamma/beta) of shape
+``x.shape[:k] + (hidden,)`` for some ``k >= 0``. ``k > 0`` ("parameter groups")
+only arises from ``vmap`` over the parameters: every row of ``x`` under the
+same leading index uses the same parameter row. An absent gamma or beta is
+passed as an empty placeholder array with ``has_gamma``/``has_beta`` False.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from . import _ffi
+
+RMS = "rms"
+LAYER = "layer"
+
+# ---------------------------------------------------------------------------
+# helpers shared by both families
+
+
+def _vma(*avals):
+    """Union of the shard_map varying axes of some avals (empty outside shard_map)."""
+    out = frozenset()
+    for a in avals:
+        out = out | frozenset(getattr(a, "vma", frozenset()))
+    return out
+
+
+def _like(aval, vma, shape=None, dtype=None):
+    """An aval of ``aval``'s kind with a new shape/dtype and the given varying axes."""
+    kwargs = {"vma": vma} if hasattr(aval, "vma") else {}
+    if shape is not None and tuple(shape) != tuple(aval.shape):
+        sharding = getattr(aval, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        if spec is not None and len(shape) == len(aval.shape) - 1:
+            kwargs["sharding"] = sharding.update(spec=jax.sharding.PartitionSpec(*tuple(spec)[:-1]))
+    return aval.update(shape=aval.shape if shape is None else tuple(shape),
+                       dtype=aval.dtype if dtype is None else dtype, **kwargs)
+
+
+def _placeholder(dtype):
+    """The operand passed for an absent gamma/beta."""
+    return jnp.zeros((0,), dtype)
+
+
+def _move_to_front(arrays, dims, size):
+    """Moves each batch dim to axis 0, broadcasting unbatched arrays to ``size``."""
+    return [batching.bdim_at_front(a, d, size) for a, d in zip(arrays, dims)]
+
+
+def _batch_size(args, dims):
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+
+
+def _ffi_call_lowering(target, ctx, operands, extra_outs=(), **attrs):
+    """Lowers to ``target``; ``extra_outs`` are scratch outputs dropped afterwards."""
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, *extra_outs])
+    results = jax.ffi.ffi_lowering(target)(ctx, *operands, **attrs)
+    return results[: len(results) - len(extra_outs)]
+
+
+def _no_cuda_lowering(ctx, *args, **params):
+    raise RuntimeError(
+        "jax_rmsnorm was built without its CUDA kernels, so it cannot run on a GPU. "
+        "Reinstall it on a machine with nvcc (JAX_RMSNORM_CUDA=ON forces the CUDA build), "
+        "or run the computation on the CPU.")
+
+
+def _register_lowering(prim, rule):
+    mlir.register_lowering(prim, lambda ctx, *a, **p: rule(ctx, *a, platform="cpu", **p), platform="cpu")
+    if _ffi.cuda_built():
+        mlir.register_lowering(prim, lambda ctx, *a, **p: rule(ctx, *a, platform="cuda", **p),
+                               platform="cuda")
+    else:
+        mlir.register_lowering(prim, _no_cuda_lowering, platform="cuda")
+
+
+# ---------------------------------------------------------------------------
+# forward: (x, gamma[, beta]) -> (y[, mean], rstd)
+
+norm_fwd_p = Primitive("jax_rmsnorm_fwd")
+norm_fwd_p.multiple_results = True
+
+
+def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_beta):
+    """Binds the forward primitive; returns ``(y, mean, rstd)`` (``mean`` None for RMS)."""
+    params = dict(kind=kind, eps=float(eps), zero_centered_gamma=bool(zero_centered_gamma),
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta))
+    if kind == RMS:
+        y, rstd = norm_fwd_p.bind(x, gamma, **params)
+        return y, None, rstd
+    return tuple(norm_fwd_p.bind(x, gamma, beta, **params))
+
+
+def _fwd_abstract(x, *params_avals, kind, **_):
+    vma = _vma(x, *params_avals)
+    y = _like(x, vma)
+    stat = _like(x, vma, shape=x.shape[:-1], dtype=np.float32)
+    return [y, stat] if kind == RMS else [y, stat, stat]
+
+
+def _fwd_lowering(ctx, *operands, kind, eps, zero_centered_gamma, has_gamma, has_beta, platform):
+    del platform  # the FFI target of the platform being lowered for is picked by XLA
+    attrs = dict(eps=np.float32(eps), zero_centered_gamma=zero_centered_gamma, has_gamma=has_gamma)
+    if kind == RMS:
+        return _ffi_call_lowering("jrn_rms_norm_fwd", ctx, operands, **attrs)
+    return _ffi_call_lowering("jrn_layer_norm_fwd", ctx, operands, has_beta=has_beta, **attrs)
+
+
+def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
+    x, *ps = args
+    bx, *bps = dims
+    full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
+    if all(b is batching.not_mapped for b in bps):
+        # Shared parameters: the batch axis is one more row axis, unless it is last.
+        if bx == x.ndim - 1:
+            x, bx = jnp.moveaxis(x, bx, 0), 0
+        outs = norm_fwd_p.bind(x, *ps, **full)
+        return outs, [bx] * len(outs)
+    # Per-example parameters: batch axis first everywhere, parameters become groups.
+    size = _batch_size(args, dims)
+    x = batching.bdim_at_front(x, bx, size)
+    present = [has_gamma, has_beta][: len(ps)]
+    ps = [batching.bdim_at_front(p, b, size) if keep else p for p, b, keep in zip(ps, bps, present)]
+    outs = norm_fwd_p.bind(x, *ps, **full)
+    return outs, [0] * len(outs)
+
+
+norm_fwd_p.def_impl(lambda *args, **params: jax.jit(
+    lambda *a: norm_fwd_p.bind(*a, **params))(*args))
+norm_fwd_p.def_abstract_eval(_fwd_abstract)
+_register_lowering(norm_fwd_p, _fwd_lowering)
+batching.primitive_batchers[norm_fwd_p] = _fwd_batch
+
+
+# ---------------------------------------------------------------------------
+# backward: (dy, x[, mean], rstd, gamma, beta) -> (dx, dgamma[, dbeta])
+#
+# ``beta`` is an operand for its shape and dtype only (dbeta is shaped like it);
+# the kernels never read it. For RMSNorm it is absent.
+
+norm_bwd_p = Primitive("jax_rmsnorm_bwd")
+norm_bwd_p.multiple_results = True
+
+# Budget for the CUDA backward's float32 dgamma/dbeta partial sums ("slots",
+# one row of partials each), per parameter group.
+_SLOT_FLOATS = 1 << 24
+_MAX_SLOTS = 4096
+
+
+def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta):
+    """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS)."""
+    params = dict(kind=kind, zero_centered_gamma=bool(zero_centered_gamma),
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta))
+    if kind == RMS:
+        dx, dgamma = norm_bwd_p.bind(dy, x, rstd, gamma, **params)
+        return dx, dgamma, None
+    return tuple(norm_bwd_p.bind(dy, x, mean, rstd, gamma, beta, **params))
+
+
+def _bwd_abstract(dy, x, *rest, kind, **_):
+    vma = _vma(dy, x, *rest)
+    gamma = rest[-1] if kind == RMS else rest[-2]
+    outs = [_like(x, vma), _like(gamma, vma)]
+    if kind == LAYER:
+        outs.append(_like(rest[-1], vma))
+    return outs
+
+
+def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
+    """How many partial-sum rows the CUDA backward gets for dgamma/dbeta."""
+    if param_outputs == 0 or hidden == 0:
+        return 0
+    slots = max(1, min(_SLOT_FLOATS // (param_outputs * hidden), _MAX_SLOTS))
+    return max(1, min(slots, rows_per_group))
+
+
+def _bwd_lowering(ctx, *operands, kind, zero_centered_gamma, has_gamma, has_beta, platform):
+    x_aval = ctx.avals_in[1]
+    param_aval = ctx.avals_out[1] if has_gamma or kind == RMS else ctx.avals_out[2]
+    hidden = x_aval.shape[-1]
+    outputs = int(has_gamma) + int(kind == LAYER and has_beta)
+    n_floats = 0
+    if platform == "cuda" and outputs:
+        groups = math.prod(param_aval.shape[:-1])
+        rows = math.prod(x_aval.shape[:-1])
+        n_floats = groups * outputs * hidden * cuda_slots(rows // max(groups, 1), hidden, outputs)
+    workspace = jax.core.ShapedArray((n_floats,), np.float32)
+    attrs = dict(zero_centered_gamma=zero_centered_gamma, has_gamma=has_gamma)
+    if kind == RMS:
+        return _ffi_call_lowering("jrn_rms_norm_bwd", ctx, operands, [workspace], **attrs)
+    # beta's operand only shapes dbeta: the kernel does not take it.
+    return _ffi_call_lowering("jrn_layer_norm_bwd", ctx, operands[:-1], [workspace],
+                              has_beta=has_beta, **attrs)
+
+
+def _bwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
+    n_rows = 4 if kind == LAYER else 3  # dy, x, [mean,] rstd
+    rows, ps = list(args[:n_rows]), list(args[n_rows:])
+    full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
+    size = _batch_size(args, dims)
+    if not has_gamma and not (kind == LAYER and has_beta):
+        # Only dx: move the batch axis off the hidden axis, broadcast the rest.
+        rows = _move_to_front(rows, dims[:n_rows], size)
+        outs = norm_bwd_p.bind(*rows, *ps, **full)
+        return outs, [0] + [batching.not_mapped] * (len(outs) - 1)
+    # dgamma/dbeta are per example: parameters become groups along the batch axis.
+    rows = _move_to_front(rows, dims[:n_rows], size)
+    present = [has_gamma, has_beta][: len(ps)]
+    ps = [batching.bdim_at_front(p, b, size) if keep else p
+          for p, b, keep in zip(ps, dims[n_rows:], present)]
+    outs = norm_bwd_p.bind(*rows, *ps, **full)
+    out_dims = [0] + [0 if keep else batching.not_mapped for keep in present]
+    return outs, out_dims
+
+
+norm_bwd_p.def_impl(lambda *args, **params: jax.jit(
+    lambda *a: norm_bwd_p.bind(*a, **params))(*args))
+norm_bwd_p.def_abstract_eval(_bwd_abstract)
+_register_lowering(norm_bwd_p, _bwd_lowering)
+batching.primitive_batchers[norm_bwd_p] = _bwd_batch
