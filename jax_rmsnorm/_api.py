@@ -64,9 +64,11 @@ def _check_param(p, name, x, dtype_of=None):
 
 
 def _check_eps(eps):
+    if isinstance(eps, (str, bytes)) or isinstance(eps, jax.core.Tracer):
+        raise TypeError(f"eps must be a Python number, got {type(eps).__name__}")
     try:
         e = float(eps)
-    except (TypeError, jax.errors.ConcretizationTypeError) as err:
+    except (TypeError, ValueError) as err:
         raise TypeError(f"eps must be a Python number, got {type(eps).__name__}") from err
     if not (e >= 0.0 and math.isfinite(e)):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")

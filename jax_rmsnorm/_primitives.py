@@ -61,12 +61,12 @@ def _move_to_front(arrays, dims, size):
 
 
 def _batch_size(args, dims):
-    return next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
 
 def _ffi_call_lowering(target, ctx, operands, extra_outs=(), **attrs):
     """Lowers to ``target``; ``extra_outs`` are scratch outputs dropped afterwards."""
-    ctx = ctx.replace(avals_out=[*ctx.avals_out, *extra_outs])
+    ctx = ctx.replace(avals_in=ctx.avals_in[: len(operands)], avals_out=[*ctx.avals_out, *extra_outs])
     results = jax.ffi.ffi_lowering(target)(ctx, *operands, **attrs)
     return results[: len(results) - len(extra_outs)]
 
@@ -123,7 +123,7 @@ def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
     x, *ps = args
     bx, *bps = dims
     full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
-    if all(b is batching.not_mapped for b in bps):
+    if all(b is None for b in bps):
         # Shared parameters: the batch axis is one more row axis, unless it is last.
         if bx == x.ndim - 1:
             x, bx = jnp.moveaxis(x, bx, 0), 0
@@ -215,14 +215,14 @@ def _bwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
         # Only dx: move the batch axis off the hidden axis, broadcast the rest.
         rows = _move_to_front(rows, dims[:n_rows], size)
         outs = norm_bwd_p.bind(*rows, *ps, **full)
-        return outs, [0] + [batching.not_mapped] * (len(outs) - 1)
+        return outs, [0] + [None] * (len(outs) - 1)
     # dgamma/dbeta are per example: parameters become groups along the batch axis.
     rows = _move_to_front(rows, dims[:n_rows], size)
     present = [has_gamma, has_beta][: len(ps)]
     ps = [batching.bdim_at_front(p, b, size) if keep else p
           for p, b, keep in zip(ps, dims[n_rows:], present)]
     outs = norm_bwd_p.bind(*rows, *ps, **full)
-    out_dims = [0] + [0 if keep else batching.not_mapped for keep in present]
+    out_dims = [0] + [0 if keep else None for keep in present]
     return outs, out_dims
 
 

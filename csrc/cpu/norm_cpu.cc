@@ -1,6 +1,7 @@
 // CPU kernels for RMSNorm/LayerNorm forward and backward, and the CPU FFI
-// handlers. Plain C++: one pass per row in float32, dgamma/dbeta accumulated
-// in float32 over rows in order, so results are reproducible.
+// handlers. Plain C++: elementwise math in float32, row sums and dgamma/dbeta
+// accumulated in float64 (cheap on a CPU, and accurate for rows of any length),
+// in a fixed order, so results are reproducible.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -90,17 +91,17 @@ struct CpuBackend {
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
       const T* xr = x + r * H;
-      float mean = 0.f;
+      double sum = 0.0;
       if constexpr (K == NormKind::kLayer) {
-        for (int64_t i = 0; i < H; ++i) mean += to_float(xr[i]);
-        mean /= static_cast<float>(H);
+        for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
       }
-      float ss = 0.f;
+      const float mean = static_cast<float>(sum / static_cast<double>(H));
+      double ss = 0.0;
       for (int64_t i = 0; i < H; ++i) {
         row[i] = to_float(xr[i]) - mean;
-        ss += row[i] * row[i];
+        ss += static_cast<double>(row[i]) * row[i];
       }
-      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(H) + a.eps);
+      const float rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
       for (int64_t i = 0; i < H; ++i) {
         float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
         if (beta) v += to_float(beta[i]);
@@ -118,30 +119,31 @@ struct CpuBackend {
     const T* x = static_cast<const T*>(a.x);
     const T* dy = static_cast<const T*>(a.dy);
     T* dx = static_cast<T*>(a.dx);
-    std::vector<float> xhat(H), gdy(H), dg(a.dgamma ? H : 0), db(a.dbeta ? H : 0);
+    std::vector<float> xhat(H), gdy(H);
+    std::vector<double> dg(a.dgamma ? H : 0), db(a.dbeta ? H : 0);
     for (int64_t g = 0; g < a.shape.groups; ++g) {
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
-      std::fill(dg.begin(), dg.end(), 0.f);
-      std::fill(db.begin(), db.end(), 0.f);
+      std::fill(dg.begin(), dg.end(), 0.0);
+      std::fill(db.begin(), db.end(), 0.0);
       for (int64_t r = g * rpg; r < (g + 1) * rpg; ++r) {
         const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
-        float sum_gdy = 0.f, sum_gdy_xhat = 0.f;
+        double sum_gdy = 0.0, sum_gdy_xhat = 0.0;
         for (int64_t i = 0; i < H; ++i) {
           const float d = to_float(dy[r * H + i]);
           xhat[i] = (to_float(x[r * H + i]) - mean) * rstd;
           gdy[i] = d * scale_at(gamma, i, a.zero_centered);
           sum_gdy += gdy[i];
-          sum_gdy_xhat += gdy[i] * xhat[i];
-          if (a.dgamma) dg[i] += d * xhat[i];
+          sum_gdy_xhat += static_cast<double>(gdy[i]) * xhat[i];
+          if (a.dgamma) dg[i] += static_cast<double>(d) * xhat[i];
           if (a.dbeta) db[i] += d;
         }
-        const float c1 = sum_gdy_xhat / static_cast<float>(H);
-        const float c2 = K == NormKind::kLayer ? sum_gdy / static_cast<float>(H) : 0.f;
+        const float c1 = static_cast<float>(sum_gdy_xhat / static_cast<double>(H));
+        const float c2 = K == NormKind::kLayer ? static_cast<float>(sum_gdy / static_cast<double>(H)) : 0.f;
         for (int64_t i = 0; i < H; ++i) dx[r * H + i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
       }
       for (int64_t i = 0; i < H; ++i) {
-        if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(dg[i]);
-        if (a.dbeta) static_cast<P*>(a.dbeta)[g * H + i] = from_float<P>(db[i]);
+        if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(static_cast<float>(dg[i]));
+        if (a.dbeta) static_cast<P*>(a.dbeta)[g * H + i] = from_float<P>(static_cast<float>(db[i]));
       }
     }
     return ffi::Error::Success();

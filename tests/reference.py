@@ -1,0 +1,98 @@
+"""Float64 NumPy references, tolerances and device helpers for the tests."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+
+def _platforms():
+    out = ["cpu"]
+    try:
+        if jax.devices("gpu"):
+            out.append("gpu")
+    except RuntimeError:
+        pass
+    return out
+
+
+PLATFORMS = _platforms()
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+# (rtol, atol) for results stored in each dtype, relative to the float64 reference.
+TOL = {
+    np.dtype(jnp.float32): (2e-5, 2e-5),
+    np.dtype(jnp.bfloat16): (2e-2, 2e-2),
+    np.dtype(jnp.float16): (3e-3, 3e-3),
+}
+
+
+def device(platform):
+    return jax.devices(platform)[0]
+
+
+def put(platform, *arrays):
+    dev = device(platform)
+    return [None if a is None else jax.device_put(a, dev) for a in arrays]
+
+
+def random(key, shape, dtype, scale=1.0, offset=0.0):
+    return (jax.random.normal(jax.random.key(key), shape, jnp.float32) * scale + offset).astype(dtype)
+
+
+def f64(a):
+    return None if a is None else np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+def ref_forward(kind, x, gamma=None, beta=None, eps=1e-6, zero_centered=False):
+    """(y, mean, rstd) in float64."""
+    x = f64(x)
+    mean = x.mean(-1, keepdims=True) if kind == "layer" else np.zeros(x.shape[:-1] + (1,))
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - mean) * rstd
+    scale = 1.0 if gamma is None else f64(gamma) + (1.0 if zero_centered else 0.0)
+    y = xhat * scale + (0.0 if beta is None else f64(beta))
+    return y, mean[..., 0], rstd[..., 0]
+
+
+def ref_backward(kind, dy, x, gamma=None, eps=1e-6, zero_centered=False):
+    """(dx, dgamma, dbeta) in float64, statistics recomputed in float64."""
+    dy, xf = f64(dy), f64(x)
+    _, mean, rstd = ref_forward(kind, x, None, None, eps)
+    mean, rstd = mean[..., None], rstd[..., None]
+    xhat = (xf - mean) * rstd
+    scale = 1.0 if gamma is None else f64(gamma) + (1.0 if zero_centered else 0.0)
+    g = dy * scale
+    c1 = (g * xhat).mean(-1, keepdims=True)
+    c2 = g.mean(-1, keepdims=True) if kind == "layer" else 0.0
+    dx = rstd * (g - c2 - xhat * c1)
+    axes = tuple(range(x.ndim - 1))
+    return dx, (dy * xhat).sum(axes), dy.sum(axes)
+
+
+def assert_close(out, ref, dtype, what, scale=None):
+    """Elementwise |out - ref| <= atol * scale + rtol * |ref|; NaN never passes.
+
+    `scale` widens atol for sums (dgamma/dbeta) whose size grows with the rows.
+    """
+    out = f64(out)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    assert np.isfinite(out).all(), f"{what}: non-finite values in output"
+    rtol, atol = TOL[np.dtype(dtype)]
+    if scale is None:
+        scale = max(1.0, float(np.abs(ref).max(initial=0.0)))
+    err = np.abs(out - ref)
+    bound = atol * scale + rtol * np.abs(ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+    assert (err <= bound).all(), (
+        f"{what}: max error {err.max():.3g} at {worst}: got {out[worst]}, expected {ref[worst]}")
+
+
+def poison(platform, nbytes):
+    """Fills and frees device memory with NaN so that an unwritten output of the
+    next computation is likely to read back as NaN instead of stale good data."""
+    n = max(1, nbytes // 4)
+    a = jax.device_put(jnp.full((n,), jnp.nan, jnp.float32), device(platform))
+    a.block_until_ready()
+    a.delete()

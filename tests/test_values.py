@@ -1,0 +1,153 @@
+"""Forward and backward values against the float64 NumPy reference, on every
+platform present, for every dtype, shape family and parameter option."""
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+from reference import DTYPES, assert_close, poison, put, random, ref_backward, ref_forward
+
+# Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
+# dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
+# an unaligned 40001).
+SHAPES = [(7,), (3, 1), (5, 127), (2, 3, 4, 1000), (16, 4096), (4, 12288), (10000, 64),
+          (3, 40001), (2, 65536), (1, 262144)]
+KINDS = ["rms", "layer"]
+EPS = {"rms": 1e-6, "layer": 1e-5}
+
+
+def _variants(kind, dtype):
+    """(gamma dtype or None, zero_centered, with_beta) combinations to run."""
+    out = [(dtype, False, True), (dtype, True, False), (None, False, False)]
+    if dtype != jnp.float32:
+        out.append((jnp.float32, False, True))  # mixed precision: float32 params
+    if kind == "rms":
+        out = [(g, zc, False) for g, zc, _ in out]
+    else:
+        out.append((None, False, True))  # shift without scale
+    return out
+
+
+def _run(kind, platform, x, gamma, beta, dy, zc):
+    eps = EPS[kind]
+    x, gamma, beta, dy = put(platform, x, gamma, beta, dy)
+    poison(platform, 4 * x.size + 1024)
+    if kind == "rms":
+        fwd = jax.jit(lambda x, g: jrn.rms_norm_fwd(x, g, eps=eps, zero_centered_gamma=zc))
+        y, rstd = fwd(x, gamma)
+        mean = None
+        loss = lambda x, g, b: jnp.sum(jrn.rms_norm(x, g, eps=eps, zero_centered_gamma=zc).astype(jnp.float32) * dy.astype(jnp.float32))
+    else:
+        fwd = jax.jit(lambda x, g, b: jrn.layer_norm_fwd(x, g, b, eps=eps, zero_centered_gamma=zc))
+        y, mean, rstd = fwd(x, gamma, beta)
+        loss = lambda x, g, b: jnp.sum(jrn.layer_norm(x, g, b, eps=eps, zero_centered_gamma=zc).astype(jnp.float32) * dy.astype(jnp.float32))
+    poison(platform, 4 * x.size + 1024)
+    argnums = tuple(i for i, a in enumerate((x, gamma, beta)) if a is not None)
+    grads = jax.jit(jax.grad(loss, argnums=argnums))(x, gamma, beta)
+    return y, mean, rstd, dict(zip(argnums, grads))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_backward(kind, dtype, shape, platform):
+    hidden = shape[-1]
+    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
+        key = hash((kind, shape, i)) % 1000
+        x = random(key, shape, dtype, scale=2.0, offset=0.5)
+        dy = random(key + 1, shape, dtype)
+        gamma = None if gdtype is None else random(key + 2, (hidden,), gdtype, scale=0.5, offset=1.0 if not zc else 0.0)
+        beta = random(key + 3, (hidden,), gdtype or dtype, scale=0.5) if with_beta else None
+        y, mean, rstd, grads = _run(kind, platform, x, gamma, beta, dy, zc)
+
+        what = f"{kind} {np.dtype(dtype).name} {shape} gamma={gdtype and np.dtype(gdtype).name} zc={zc} beta={with_beta}"
+        y_ref, mean_ref, rstd_ref = ref_forward(kind, x, gamma, beta, EPS[kind], zc)
+        assert y.dtype == x.dtype and y.shape == x.shape
+        assert_close(y, y_ref, dtype, what + " y")
+        assert rstd.dtype == jnp.float32 and rstd.shape == shape[:-1]
+        assert_close(rstd, rstd_ref, jnp.float32, what + " rstd", scale=1e-3 * max(1.0, rstd_ref.max()))
+        if kind == "layer":
+            assert_close(mean, mean_ref, jnp.float32, what + " mean", scale=1e-3)
+
+        dx_ref, dg_ref, db_ref = ref_backward(kind, dy, x, gamma, EPS[kind], zc)
+        assert grads[0].dtype == x.dtype
+        assert_close(grads[0], dx_ref, dtype, what + " dx")
+        rows = int(np.prod(shape[:-1]))
+        if gamma is not None:
+            assert grads[1].dtype == gamma.dtype
+            assert_close(grads[1], dg_ref, gamma.dtype, what + " dgamma",
+                         scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
+        if beta is not None:
+            assert grads[2].dtype == beta.dtype
+            assert_close(grads[2], db_ref, beta.dtype, what + " dbeta",
+                         scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_explicit_bwd_matches_grad(kind, platform):
+    x = random(1, (6, 33), jnp.bfloat16)
+    dy = random(2, (6, 33), jnp.bfloat16)
+    gamma = random(3, (33,), jnp.float32, offset=1.0)
+    x, dy, gamma = put(platform, x, dy, gamma)
+    if kind == "rms":
+        y, rstd = jrn.rms_norm_fwd(x, gamma)
+        dx, dg = jrn.rms_norm_bwd(dy, x, rstd, gamma)
+        _, vjp = jax.vjp(lambda x, g: jrn.rms_norm(x, g), x, gamma)
+    else:
+        y, mean, rstd = jrn.layer_norm_fwd(x, gamma)
+        dx, dg, db = jrn.layer_norm_bwd(dy, x, mean, rstd, gamma)
+        _, vjp = jax.vjp(lambda x, g: jrn.layer_norm(x, g), x, gamma)
+        np.testing.assert_allclose(np.asarray(db), np.asarray(dy, np.float32).sum(0), rtol=1e-5, atol=1e-5)
+    ex, eg = vjp(dy)
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(ex, np.float32))
+    np.testing.assert_array_equal(np.asarray(dg), np.asarray(eg))
+
+
+def test_check_grads_float32_cpu():
+    from jax.test_util import check_grads
+    x = random(5, (4, 9), jnp.float32)
+    g = random(6, (9,), jnp.float32, offset=1.0)
+    b = random(7, (9,), jnp.float32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        check_grads(lambda x, g: jrn.rms_norm(x, g, eps=1e-3), (x, g), order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
+        check_grads(lambda x, g, b: jrn.layer_norm(x, g, b, eps=1e-3, zero_centered_gamma=True), (x, g, b),
+                    order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_nan_stays_in_its_row(kind, platform):
+    x = np.array(random(8, (4, 64), jnp.float32))
+    x[2, 5] = np.nan
+    (xd,) = put(platform, jnp.asarray(x))
+    fn = jrn.rms_norm if kind == "rms" else jrn.layer_norm
+    y = np.asarray(fn(xd))
+    assert np.isnan(y[2]).all()
+    assert np.isfinite(np.delete(y, 2, axis=0)).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_empty_inputs(kind, platform):
+    (x,) = put(platform, jnp.zeros((0, 3, 8), jnp.bfloat16))
+    gamma = jnp.ones((8,), jnp.float32)
+    fn = jrn.rms_norm if kind == "rms" else jrn.layer_norm
+    y = fn(x, gamma)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    dx, dg = jax.grad(lambda x, g: fn(x, g).astype(jnp.float32).sum(), (0, 1))(x, gamma)
+    assert dx.shape == x.shape and dg.shape == (8,) and not np.asarray(dg).any()
+    if kind == "rms":
+        _, rstd = jrn.rms_norm_fwd(x, gamma)
+        assert rstd.shape == (0, 3)
+
+
+def test_dgamma_is_reproducible(platform):
+    x = random(9, (4096, 1024), jnp.bfloat16)
+    dy = random(10, (4096, 1024), jnp.bfloat16)
+    g = random(11, (1024,), jnp.float32)
+    x, dy, g = put(platform, x, dy, g)
+    f = jax.jit(lambda x, g, dy: jax.vjp(lambda x, g: jrn.layer_norm(x, g, g), x, g)[1](dy))
+    a = f(x, g, dy)
+    b = f(x, g, dy)
+    for p, q in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(p, np.float32), np.asarray(q, np.float32))
