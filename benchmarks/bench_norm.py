@@ -1,0 +1,172 @@
+"""Bandwidth benchmark: jax_rmsnorm kernels vs XLA's fusion of the jnp version.
+
+Prints a table: op, dtype, shape, microseconds, achieved TB/s, % of a
+device-to-device copy measured in the same run, XLA's time and TB/s for the
+jnp version, and the speed-up over XLA. Every result is checked against the
+jnp reference before it is timed.
+
+Bytes counted are the ones that must move: forward = x read + y written (+ the
+parameters read and the statistics written); backward = x + dy read + dx
+written (+ statistics and gamma read, dgamma/dbeta written). XLA's backward is
+jax.vjp of the jnp function (it recomputes the statistics, as a model does).
+
+    python benchmarks/bench_norm.py                       # bf16, the standard sizes
+    python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384 --plot tbps.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+
+
+def jnp_rms(x, g, eps=1e-6):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps) * g.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def jnp_layer(x, g, b, eps=1e-5):
+    xf = x.astype(jnp.float32)
+    m = jnp.mean(xf, -1, keepdims=True)
+    v = jnp.mean(jnp.square(xf - m), -1, keepdims=True)
+    y = (xf - m) * jax.lax.rsqrt(v + eps) * g.astype(jnp.float32) + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def bench(fn, arg_sets, iters, reps):
+    """Median seconds per call; calls alternate over arg_sets (rotated inputs)."""
+    out = fn(*arg_sets[0])
+    jax.block_until_ready(out)
+    for args in arg_sets:  # warm-up
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i in range(iters):
+            out = fn(*arg_sets[i % len(arg_sets)])
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
+
+
+def rel_err(a, b):
+    a = np.asarray(a, np.float32).ravel()
+    b = np.asarray(b, np.float32).ravel()
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--param-dtype", default=None, help="gamma/beta dtype (default: x's)")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536, 262144])
+    ap.add_argument("--elements", type=int, default=1 << 27, help="rows * hidden")
+    ap.add_argument("--rows", type=int, nargs="+", default=None, help="fixed row counts (latency mode)")
+    ap.add_argument("--ops", nargs="+", default=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd"])
+    ap.add_argument("--zero-centered", action="store_true")
+    ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--plot", default=None, help="write a PNG of TB/s against hidden size")
+    args = ap.parse_args()
+
+    dt = jnp.dtype(args.dtype)
+    pdt = jnp.dtype(args.param_dtype or args.dtype)
+    zc = args.zero_centered
+    dev = jax.devices()[0]
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  params {pdt.name}  zero_centered={zc}")
+
+    shapes = ([(r, h) for h in args.hidden for r in args.rows] if args.rows
+              else [(max(1, args.elements // h), h) for h in args.hidden])
+    neg = jax.jit(lambda x: -x)
+    rows_out = []
+    print(f"{'op':8} {'dtype':9} {'shape':>14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xla us':>9} {'xla TB/s':>8} {'vs xla':>7}")
+    for (m, h) in shapes:
+        keys = jax.random.split(jax.random.key(m * 31 + h), 4 * args.sets)
+        xs = [jax.random.normal(keys[4 * i], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
+        dys = [jax.random.normal(keys[4 * i + 1], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
+        g = (1.0 + 0.1 * jax.random.normal(keys[2], (h,), jnp.float32)).astype(pdt)
+        b = (0.1 * jax.random.normal(keys[3], (h,), jnp.float32)).astype(pdt)
+        s, ps = dt.itemsize, pdt.itemsize
+        copy_t = bench(neg, [(x,) for x in xs], args.iters, args.reps)
+        copy_bw = 2 * m * h * s / copy_t
+        for op in args.ops:
+            kind = "rms" if op.startswith("rms") else "layer"
+            gref = (g.astype(jnp.float32) + 1).astype(pdt) if zc else g
+            ref = (lambda x, gg=gref: jnp_rms(x, gg)) if kind == "rms" else (lambda x, gg=gref: jnp_layer(x, gg, b))
+            nstat = 1 if kind == "rms" else 2
+            if op.endswith("fwd"):
+                ours = jax.jit(lambda x: jrn.rms_norm(x, g, zero_centered_gamma=zc)) if kind == "rms" else \
+                    jax.jit(lambda x: jrn.layer_norm(x, g, b, zero_centered_gamma=zc))
+                xla = jax.jit(ref)
+                err = rel_err(ours(xs[0]), xla(xs[0]))
+                nbytes = 2 * m * h * s + (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
+                t = bench(ours, [(x,) for x in xs], args.iters, args.reps)
+                tx = bench(xla, [(x,) for x in xs], args.iters, args.reps)
+            else:
+                if kind == "rms":
+                    _, rstds = zip(*[jrn.rms_norm_fwd(x, g, zero_centered_gamma=zc) for x in xs])
+                    ours = jax.jit(lambda dy, x, r: jrn.rms_norm_bwd(dy, x, r, g, zero_centered_gamma=zc))
+                    sets = list(zip(dys, xs, rstds))
+                    xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg: jnp_rms(x, gg), x, gref)[1](dy))
+                else:
+                    _, means, rstds = zip(*[jrn.layer_norm_fwd(x, g, b, zero_centered_gamma=zc) for x in xs])
+                    ours = jax.jit(lambda dy, x, mu, r: jrn.layer_norm_bwd(dy, x, mu, r, g, zero_centered_gamma=zc))
+                    sets = list(zip(dys, xs, means, rstds))
+                    xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, gref, b)[1](dy))
+                got, want = ours(*sets[0]), xla(dys[0], xs[0])
+                err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
+                nbytes = 3 * m * h * s + nstat * 4 * m + h * ps + nstat * h * ps
+                t = bench(ours, sets, args.iters, args.reps)
+                tx = bench(xla, [(dy, x) for dy, x in zip(dys, xs)], args.iters, args.reps)
+            tol = 2e-2 if dt != jnp.float32 else 1e-4
+            if not err < tol:
+                raise SystemExit(f"{op} {m}x{h}: result differs from the jnp reference (rel err {err:.2e})")
+            bw, bwx = nbytes / t, nbytes / tx
+            row = dict(op=op, dtype=dt.name, m=m, h=h, us=t * 1e6, tbps=bw / 1e12, pct_copy=100 * bw / copy_bw,
+                       xla_us=tx * 1e6, xla_tbps=bwx / 1e12, speedup=tx / t, copy_tbps=copy_bw / 1e12)
+            rows_out.append(row)
+            print(f"{op:8} {dt.name:9} {m:>6}x{h:<7} {row['us']:9.1f} {row['tbps']:6.2f} {row['pct_copy']:5.0f}% "
+                  f"{row['xla_us']:9.1f} {row['xla_tbps']:8.2f} {row['speedup']:6.2f}x", flush=True)
+        print(f"{'copy':8} {dt.name:9} {m:>6}x{h:<7} {copy_t * 1e6:9.1f} {copy_bw / 1e12:6.2f}  (x -> -x, read + write)")
+        del xs, dys
+
+    print("\nmarkdown:\n")
+    print("| op | dtype | rows x hidden | us | TB/s | % of copy | XLA us | XLA TB/s | vs XLA |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows_out:
+        print(f"| {r['op']} | {r['dtype']} | {r['m']}x{r['h']} | {r['us']:.1f} | {r['tbps']:.2f} | "
+              f"{r['pct_copy']:.0f}% | {r['xla_us']:.1f} | {r['xla_tbps']:.2f} | {r['speedup']:.2f}x |")
+
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, len(args.ops), figsize=(4.5 * len(args.ops), 4), squeeze=False)
+        for ax, op in zip(axes[0], args.ops):
+            rs = [r for r in rows_out if r["op"] == op]
+            hs = [r["h"] for r in rs]
+            ax.plot(hs, [r["tbps"] for r in rs], "o-", label="jax_rmsnorm")
+            ax.plot(hs, [r["xla_tbps"] for r in rs], "s--", label="XLA (jnp)")
+            ax.plot(hs, [r["copy_tbps"] for r in rs], ":", color="gray", label="copy")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{op} {dt.name}")
+            ax.set_xlabel("hidden")
+            ax.set_ylabel("TB/s")
+            ax.set_ylim(bottom=0)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Runs every CUDA kernel path once on small inputs and checks the results, for
+compute-sanitizer (memcheck, racecheck). Run with the platform allocator so
+each buffer is its own allocation and out-of-bounds accesses are caught:
+
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck python benchmarks/sanitize.py
+"""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+
+# (rows, hidden): register kernels (aligned and not), streaming kernels (aligned
+# and not), more rows than dgamma slots.
+SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64)]
+
+
+def check(a, b, tol):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.isfinite(a).all()
+    err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+    assert err < tol, err
+
+
+def main():
+    assert jax.devices()[0].platform == "gpu", "needs a GPU"
+    for m, h in SHAPES:
+        for dt in (jnp.bfloat16, jnp.float32):
+            k = jax.random.split(jax.random.key(m + h), 3)
+            x = jax.random.normal(k[0], (m, h), jnp.float32).astype(dt)
+            dy = jax.random.normal(k[1], (m, h), jnp.float32).astype(dt)
+            g = (1 + 0.1 * jax.random.normal(k[2], (h,))).astype(jnp.float32)
+            tol = 2e-2 if dt == jnp.bfloat16 else 1e-4
+            for kind in ("rms", "layer"):
+                f = (lambda x, g: jrn.rms_norm(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm(x, g, g))
+                f_cpu = jax.jit(f, device=jax.devices("cpu")[0])
+                y, vjp = jax.vjp(f, x, g)
+                yc, vjpc = jax.vjp(f, jax.device_put(x, jax.devices("cpu")[0]), jax.device_put(g, jax.devices("cpu")[0]))
+                check(y, yc, tol)
+                for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, jax.devices("cpu")[0]))):
+                    check(a, b, tol)
+            # per-example parameters (parameter groups) under vmap
+            xs = x[: (m // 2) * 2].reshape(2, m // 2, h) if m >= 2 else x[None]
+            gs = jnp.stack([g] * xs.shape[0])
+            jax.block_until_ready(jax.vmap(jax.grad(lambda x, g: jrn.rms_norm(x, g).astype(jnp.float32).sum(), (0, 1)))(xs, gs))
+        print(f"ok {m}x{h}", flush=True)
+    print("sanitize run: all paths ok")
+
+
+if __name__ == "__main__":
+    main()
