@@ -6,16 +6,16 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90} \
-  pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-python -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
+  python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
 for step in "$@"; do
   case $step in
-    tests) python -m pytest -q -rs tests -k gpu 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
-    bench) python benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
+    tests) python3 -m pytest -q -rs tests -k gpu 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+    bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
         XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 280 compute-sanitizer --tool $tool \
-          python benchmarks/sanitize.py > "$OUT/sanitize_$tool.log" 2>&1
+          python3 benchmarks/sanitize.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "$tool exit $?"; tail -4 "$OUT/sanitize_$tool.log"
       done ;;
   esac
