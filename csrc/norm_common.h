@@ -245,8 +245,8 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
         e.failure())                                                                            \
       return e;                                                                                 \
     if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
-    a.workspace = ws;                                                                           \
     const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
+    a.workspace = per_slot > 0 ? ws : nullptr;                                                  \
     a.slots = per_slot > 0 ? ws_floats / per_slot : 0;                                          \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
         x.element_type(), has_gamma ? gamma.element_type() : dgamma.element_type(),             \

@@ -123,8 +123,11 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
 // A block is (threads_per_row, rows_per_block). Threads of one row are
 // consecutive lanes (threads_per_row <= 32) or whole warps (> 32).
 // row_sum<M> sums M values at once, so LayerNorm pays one barrier pair for two
-// sums. `smem` holds rows_per_block * 32 * M floats. Every thread of the block
-// must call it (it may contain __syncthreads).
+// sums. `smem` holds kRowSumSmem floats (one per warp of the block and value).
+// Every thread of the block must call it (it may contain __syncthreads).
+
+constexpr int kMaxBlockWarps = 32;
+constexpr int kRowSumSmem = kMaxBlockWarps * 2;
 
 template <int M>
 __device__ __forceinline__ void warp_sum(float (&v)[M], int width) {
@@ -139,20 +142,21 @@ __device__ __forceinline__ void warp_sum(float (&v)[M], int width) {
 
 template <int M>
 __device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
+  static_assert(M * kMaxBlockWarps <= kRowSumSmem, "row_sum: scratch too small");
   const int tpr = blockDim.x;
   warp_sum<M>(v, tpr < 32 ? tpr : 32);
   if (tpr <= 32) return;
-  const int warps = tpr / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* mine = smem + threadIdx.y * 32 * M;
+  const int warps = tpr / 32, lane = threadIdx.x % 32;
+  float* mine = smem + threadIdx.y * warps * M;  // this row's warps
   if (lane == 0) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) mine[m * 32 + warp] = v[m];
+    for (int m = 0; m < M; ++m) mine[(threadIdx.x / 32) * M + m] = v[m];
   }
   __syncthreads();
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float s = 0.f;
-    for (int w = 0; w < warps; ++w) s += mine[m * 32 + w];  // same order in every thread
+    for (int w = 0; w < warps; ++w) s += mine[w * M + m];  // same order in every thread
     v[m] = s;
   }
   __syncthreads();  // smem may be reused right after

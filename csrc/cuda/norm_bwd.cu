@@ -35,7 +35,7 @@ __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64
 
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l) {
-  __shared__ float smem[kRegThreads / 32 * 2];
+  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 // same thread, so no synchronization is needed for them).
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayout l) {
-  __shared__ float smem[kStreamThreads / 32 * 2];
+  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC, rpg = a.shape.rows_per_group();
   const int64_t slot = blockIdx.x;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;

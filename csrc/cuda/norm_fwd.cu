@@ -18,7 +18,7 @@ constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
 
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
-  __shared__ float smem[kMaxRowThreads / 32 * 2];
+  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
 
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
-  __shared__ float smem[kStreamThreads / 32 * 2];
+  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * H;
