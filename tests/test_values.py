@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import DTYPES, assert_close, poison, put, random, ref_backward, ref_forward
+from reference import DTYPES, assert_close, f64, poison, put, random, ref_backward, ref_forward
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -69,7 +69,7 @@ def test_forward_backward(kind, dtype, shape, platform):
         assert rstd.dtype == jnp.float32 and rstd.shape == shape[:-1]
         assert_close(rstd, rstd_ref, jnp.float32, what + " rstd", scale=1e-3 * max(1.0, rstd_ref.max()))
         if kind == "layer":
-            assert_close(mean, mean_ref, jnp.float32, what + " mean", scale=1e-3)
+            assert_close(mean, mean_ref, jnp.float32, what + " mean", scale=0.1 * max(1.0, float(np.abs(f64(x)).max())))
 
         dx_ref, dg_ref, db_ref = ref_backward(kind, dy, x, gamma, EPS[kind], zc)
         assert grads[0].dtype == x.dtype
