@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import jax
 
-from . import _jax_rmsnorm_cpu
+try:
+    from . import _jax_rmsnorm_cpu
+except ImportError as e:  # pragma: no cover - depends on how it was installed
+    raise ImportError(
+        "jax_rmsnorm's compiled module is missing. Install the package (`pip install .`, or "
+        "`pip install --no-build-isolation -e .` for development) and import it from outside "
+        f"the source tree; this import found {__file__}.") from e
 
 try:  # absent when the package was built without CUDA
     from . import _jax_rmsnorm_cuda

@@ -2,13 +2,18 @@
 // conversions, vectorized loads/stores, row reductions, and error checking.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "../norm_common.h"
 
@@ -160,6 +165,112 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
     v[m] = s;
   }
   __syncthreads();  // smem may be reused right after
+}
+
+// ---- Reductions over the CTAs of a thread block cluster (one row split
+// across the cluster). Each CTA passes its row_sum result; every thread gets
+// the cluster-wide sum, added in rank order (the same in every CTA).
+// `xchg` is the caller's __shared__ float[2][M]; consecutive calls alternate
+// `parity`, so one cluster barrier per call suffices: a slot is rewritten only
+// after the next barrier, which every reader of the old value has passed.
+// Before exiting, a kernel must cluster-sync once more (cluster_done) so that
+// no CTA leaves while another still reads its shared memory.
+
+template <int M>
+__device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) xchg[parity][m] = v[m];
+  }
+  cluster.sync();
+  // Lane q reads rank q's partials; a butterfly over the warp adds them in the
+  // same order in every warp of every CTA.
+  const int lane = threadIdx.x % 32;
+  const float* remote = lane < static_cast<int>(cluster.num_blocks())
+                            ? cluster.map_shared_rank(&xchg[parity][0], lane)
+                            : nullptr;
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = remote ? remote[m] : 0.f;
+  warp_sum<M>(v, 32);
+}
+
+__device__ __forceinline__ void cluster_done() { cooperative_groups::this_cluster().sync(); }
+
+// Launches `kernel` with thread block clusters of `cluster` CTAs along x.
+template <class... Params, class... Args>
+ffi::Error launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, unsigned cluster, const char* name, Args&&... args) {
+  if (cluster > 8) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return cuda_error(e, name);
+  }
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return cuda_error(e, name);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) return cuda_error(e, name);
+  return check_launch(name);
+}
+
+// How many clusters of `kernel` (launched as launch_clustered would) fit on
+// the current device at once. Asked once per device and configuration.
+template <class... Params>
+ffi::Error co_resident_clusters(void (*kernel)(Params...), dim3 block, size_t smem, unsigned cluster,
+                                int* count) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, unsigned, size_t, unsigned>, int> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cuda_error(e, "cudaGetDevice");
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), block.x * block.y, smem, cluster);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    *count = it->second;
+    return ffi::Error::Success();
+  }
+  if (cluster > 8) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute");
+  }
+  if (smem > 48 * 1024) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute");
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(cluster);
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  if (e != cudaSuccess) return cuda_error(e, "cudaOccupancyMaxActiveClusters");
+  if (n < 1) return ffi::Error::Internal("jax_rmsnorm: a kernel configuration does not fit on this GPU");
+  cache.emplace(key, n);
+  *count = n;
+  return ffi::Error::Success();
 }
 
 inline int pow2_ceil(int64_t v) {

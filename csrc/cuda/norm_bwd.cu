@@ -5,6 +5,13 @@
 //   dx   = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
 //
+// Kernels: bwd_regs (rows of up to 512 * 2 packs, several rows per CTA,
+// dgamma sums in registers), bwd_slices (wider rows: each slot is a CTA or a
+// thread block cluster that walks its rows with each CTA holding a slice of the
+// row in registers and its dgamma sums in shared memory; row sums combined
+// across the cluster through distributed shared memory), and bwd_stream (the
+// rest: rows streamed twice).
+//
 // dgamma/dbeta are reduced without atomics: each "slot" (one row of threads of
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its
 // own row of the float32 workspace; bwd_reduce then adds the slots column by
@@ -20,6 +27,9 @@ constexpr int kRegThreads = 512;
 constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;
 constexpr int kReduceCols = 32, kReduceSplit = 16;
+constexpr int kSliceItems = 4;  // packs per thread in bwd_slices
+constexpr int kSliceThreads = 512;
+constexpr int kMaxCluster = 16;
 
 // Slots [0, used) of group blockIdx.y; `stride` is the slot count the
 // workspace was allocated with.
@@ -116,6 +126,105 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg[i]);
       if (a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
+    }
+  }
+}
+
+// A slot is a cluster of `cluster` CTAs (blockIdx.x / cluster); CTA `rank`
+// owns vectors [rank * slice, (rank + 1) * slice) of every row the slot walks.
+// x and dy of the row stay in registers between the two passes; the slot's
+// dgamma/dbeta column sums live in dynamic shared memory (one float per owned
+// column and output), each touched only by the thread that owns the column.
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster) {
+  extern __shared__ float sums[];  // [outputs][slice * VEC]
+  __shared__ float smem[kRowSumSmem];
+  __shared__ float xchg[2][2];
+  const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+  const int rank = static_cast<int>(blockIdx.x % cluster);
+  const int64_t slot = blockIdx.x / cluster;
+  const int64_t slice_elems = static_cast<int64_t>(blockDim.x) * kSliceItems * VEC;
+  const int64_t first = rank * slice_elems;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
+  float* sum_g = a.dgamma ? sums : nullptr;
+  float* sum_b = a.dbeta ? sums + (a.dgamma ? slice_elems : 0) : nullptr;
+  auto local = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
+  const float zero[VEC] = {};
+#pragma unroll
+  for (int i = 0; i < kSliceItems; ++i) {
+    if (sum_g) store_pack<VEC>(sum_g + local(i), zero);
+    if (sum_b) store_pack<VEC>(sum_b + local(i), zero);
+  }
+
+  int parity = 0;
+  for (int64_t r = slot; r < rpg; r += l.used, parity ^= 1) {
+    const int64_t row = static_cast<int64_t>(blockIdx.y) * rpg + r;
+    const T* x = static_cast<const T*>(a.x) + row * H + first;
+    const T* dy = static_cast<const T*>(a.dy) + row * H + first;
+    const float rstd = a.rstd[row];
+    const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+    Pack<T, VEC> xr[kSliceItems], dr[kSliceItems];
+#pragma unroll
+    for (int i = 0; i < kSliceItems; ++i) {
+      if (first + local(i) < H) {
+        xr[i] = *reinterpret_cast<const Pack<T, VEC>*>(x + local(i));
+        dr[i] = *reinterpret_cast<const Pack<T, VEC>*>(dy + local(i));
+      }
+    }
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kSliceItems; ++i) {
+      if (first + local(i) < H) {
+        float s[VEC];
+        load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = to_float(dr[i].v[j]) * s[j];
+          acc[0] += g * (to_float(xr[i].v[j]) - mean) * rstd;
+          acc[1] += g;
+        }
+      }
+    }
+    row_sum<2>(acc, smem);
+    if (cluster > 1) cluster_sum<2>(acc, xchg, parity);
+    const float c1 = acc[0] / static_cast<float>(H);
+    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    T* dx = static_cast<T*>(a.dx) + row * H + first;
+#pragma unroll
+    for (int i = 0; i < kSliceItems; ++i) {
+      if (first + local(i) < H) {
+        float s[VEC], out[VEC], dg[VEC], d[VEC];
+        load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xh = (to_float(xr[i].v[j]) - mean) * rstd;
+          d[j] = to_float(dr[i].v[j]);
+          out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+          dg[j] = d[j] * xh;
+        }
+        store_pack<VEC>(dx + local(i), out);
+        if (sum_g) add_to<VEC>(sum_g + local(i), dg);
+        if (sum_b) add_to<VEC>(sum_b + local(i), d);
+      }
+    }
+  }
+  if (cluster > 1) cluster_done();
+  if (a.workspace == nullptr) return;
+#pragma unroll
+  for (int i = 0; i < kSliceItems; ++i) {
+    if (first + local(i) < H) {
+      float v[VEC];
+      int out = 0;
+      if (sum_g) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = sum_g[local(i) + j];
+        store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), v);
+      }
+      if (sum_b) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = sum_b[local(i) + j];
+        store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), v);
+      }
     }
   }
 }
@@ -220,6 +329,19 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
     bwd_regs<K, T, P, VEC><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.shape.groups)),
                              dim3(tpr, static_cast<unsigned>(rpb)), 0, stream>>>(a, l);
     JRN_RETURN_IF_ERROR(check_launch("bwd_regs"));
+  } else if (constexpr int64_t kCtaVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;
+             VEC > 1 && nvec <= kCtaVecs * kMaxCluster) {
+    const int cluster = pow2_ceil((nvec + kCtaVecs - 1) / kCtaVecs);
+    const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
+    const size_t smem = static_cast<size_t>(a.param_outputs()) * tpr * kSliceItems * VEC * sizeof(float);
+    // Persistent slots: as many clusters as are resident on the GPU at once.
+    int resident = 0;
+    JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_slices<K, T, P, VEC>, dim3(tpr), smem, cluster, &resident));
+    l.used = std::max<int64_t>(1, std::min<int64_t>(slots, resident));
+    JRN_RETURN_IF_ERROR(launch_clustered(
+        bwd_slices<K, T, P, VEC>,
+        dim3(static_cast<unsigned>(l.used * cluster), static_cast<unsigned>(a.shape.groups)), dim3(tpr),
+        smem, stream, cluster, "bwd_slices", a, l, cluster));
   } else {
     bwd_stream<K, T, P, VEC><<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(a.shape.groups)),
                                kStreamThreads, 0, stream>>>(a, l);

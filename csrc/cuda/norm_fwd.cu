@@ -2,9 +2,11 @@
 //
 // Two shapes of kernel:
 //  * fwd_regs: the row is read once into registers (up to 4 packs of 16 bytes
-//    per thread), one warp or CTA per row; used when the row fits.
+//    per thread): several rows per CTA, one CTA per row, or, for wide rows,
+//    one thread block cluster per row (each CTA holds a slice; the row sums
+//    are combined through distributed shared memory).
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
-//    served mostly by L2); used for very wide or unaligned rows.
+//    served mostly by L2); used for rows too wide or unaligned for the above.
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -15,20 +17,26 @@ constexpr int kRegItems = 4;        // packs per thread in fwd_regs
 constexpr int kMaxRowThreads = 1024;
 constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
+constexpr int kMaxCluster = 16;
 
 template <NormKind K, class T, class P, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
+__global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluster) {
   __shared__ float smem[kRowSumSmem];
+  __shared__ float xchg[2][1];
   const int64_t H = a.shape.hidden;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  // With clusters, CTA `rank` of the cluster holds vectors [rank * slice, (rank + 1) * slice).
+  const int rank = cluster > 1 ? static_cast<int>(blockIdx.x % cluster) : 0;
+  const int64_t first = static_cast<int64_t>(rank) * blockDim.x * kRegItems;
+  const int64_t row = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
   const T* x = static_cast<const T*>(a.x) + row * H;
+  auto column = [&](int i) { return (first + static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
 
   float v[kRegItems][VEC];
   float sum[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    const int64_t col = column(i);
     if (valid && col < H) {
       load_pack<VEC>(x + col, v[i]);
     } else {
@@ -41,12 +49,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
   float mean = 0.f;
   if constexpr (K == NormKind::kLayer) {
     row_sum<1>(sum, smem);
+    if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
     mean = sum[0] / static_cast<float>(H);
   }
   float ss[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    const int64_t col = column(i);
     if (col < H) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -56,6 +65,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
     }
   }
   row_sum<1>(ss, smem);
+  if (cluster > 1) {
+    cluster_sum<1>(ss, xchg, 1);
+    cluster_done();
+  }
   const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
   if (!valid) return;
 
@@ -65,7 +78,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
   T* y = static_cast<T*>(a.y) + row * H;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
+    const int64_t col = column(i);
     if (col < H) {
       float s[VEC], out[VEC];
       load_scale<VEC>(gamma, col, a.zero_centered, s);
@@ -80,7 +93,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a) {
       store_pack<VEC>(y + col, out);
     }
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && rank == 0) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
@@ -141,13 +154,22 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
-  if (nvec <= static_cast<int64_t>(kMaxRowThreads) * kRegItems) {
+  constexpr int64_t kCtaVecs = static_cast<int64_t>(kMaxRowThreads) * kRegItems;
+  if (nvec <= kCtaVecs) {
     const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+    fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
+  }
+  if (VEC > 1 && nvec <= kCtaVecs * kMaxCluster) {  // one cluster per row
+    const int cluster = pow2_ceil((nvec + kCtaVecs - 1) / kCtaVecs);
+    const int tpr = pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems));
+    const int64_t blocks = a.shape.rows * cluster;
+    if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    return launch_clustered(fwd_regs<K, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
+                            stream, cluster, "fwd_regs (clusters)", a, cluster);
   }
   if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   fwd_stream<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
