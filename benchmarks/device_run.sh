@@ -14,7 +14,7 @@ for step in "$@"; do
     bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 280 compute-sanitizer --tool $tool \
+        XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 150 compute-sanitizer --tool $tool \
           python3 benchmarks/sanitize.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "$tool exit $?"; tail -4 "$OUT/sanitize_$tool.log"
       done ;;

@@ -107,6 +107,21 @@ __device__ __forceinline__ void add_to(float* p, const float (&v)[N]) {
   }
 }
 
+// ---- Asynchronous global -> shared copies (cp.async, sm_80+), 16 bytes each.
+// A thread that reads back only what it copied itself needs no barrier, just
+// cp_async_wait.
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.
 template <int N, class P>
 __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zero_centered,
@@ -176,8 +191,17 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
 // Before exiting, a kernel must cluster-sync once more (cluster_done) so that
 // no CTA leaves while another still reads its shared memory.
 
+// Clusters exist from sm_90 on; the launchers check has_clusters() first, so
+// the older architectures' builds never reach these (they trap if they do).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define JRN_NO_CLUSTERS 1
+#endif
+
 template <int M>
 __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
@@ -194,9 +218,29 @@ __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int
 #pragma unroll
   for (int m = 0; m < M; ++m) v[m] = remote ? remote[m] : 0.f;
   warp_sum<M>(v, 32);
+#endif
 }
 
-__device__ __forceinline__ void cluster_done() { cooperative_groups::this_cluster().sync(); }
+__device__ __forceinline__ void cluster_done() {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+// Whether the current device runs thread block clusters (compute capability
+// 9.0 or newer). Asked once per device.
+inline bool has_clusters() {
+  static int major[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (major[dev] == 0) {
+    int v = 0;
+    major[dev] = cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess ? v : -1;
+  }
+  return major[dev] >= 9;
+}
 
 // Launches `kernel` with thread block clusters of `cluster` CTAs along x.
 template <class... Params, class... Args>

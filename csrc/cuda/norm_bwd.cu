@@ -132,99 +132,105 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 
 // A slot is a cluster of `cluster` CTAs (blockIdx.x / cluster); CTA `rank`
 // owns vectors [rank * slice, (rank + 1) * slice) of every row the slot walks.
-// x and dy of the row stay in registers between the two passes; the slot's
-// dgamma/dbeta column sums live in dynamic shared memory (one float per owned
-// column and output), each touched only by the thread that owns the column.
+// x and dy of the next row are copied into shared memory (cp.async, two
+// stages) while the current row is processed, so the loads of one row overlap
+// the reductions and stores of the previous one. dgamma/dbeta column sums stay
+// in registers.
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster) {
-  extern __shared__ float sums[];  // [outputs][slice * VEC]
+  using Vec = Pack<T, VEC>;
+  static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
+  extern __shared__ uint4 stages[];  // [2 stages][x, dy][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][2];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int rank = static_cast<int>(blockIdx.x % cluster);
   const int64_t slot = blockIdx.x / cluster;
-  const int64_t slice_elems = static_cast<int64_t>(blockDim.x) * kSliceItems * VEC;
-  const int64_t first = rank * slice_elems;
+  const int64_t first = static_cast<int64_t>(rank) * blockDim.x * kSliceItems * VEC;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * rpg;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
-  float* sum_g = a.dgamma ? sums : nullptr;
-  float* sum_b = a.dbeta ? sums + (a.dgamma ? slice_elems : 0) : nullptr;
+  const int packs = kSliceItems * blockDim.x;
   auto local = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
-  const float zero[VEC] = {};
+  auto stage = [&](int st, int tensor, int i) {
+    return reinterpret_cast<Vec*>(stages + (2 * st + tensor) * packs + i * blockDim.x + threadIdx.x);
+  };
+  auto prefetch = [&](int64_t r, int st) {
+    if (r < rpg) {
+      const T* x = static_cast<const T*>(a.x) + (row0 + r) * H + first;
+      const T* dy = static_cast<const T*>(a.dy) + (row0 + r) * H + first;
 #pragma unroll
-  for (int i = 0; i < kSliceItems; ++i) {
-    if (sum_g) store_pack<VEC>(sum_g + local(i), zero);
-    if (sum_b) store_pack<VEC>(sum_b + local(i), zero);
-  }
-
-  int parity = 0;
-  for (int64_t r = slot; r < rpg; r += l.used, parity ^= 1) {
-    const int64_t row = static_cast<int64_t>(blockIdx.y) * rpg + r;
-    const T* x = static_cast<const T*>(a.x) + row * H + first;
-    const T* dy = static_cast<const T*>(a.dy) + row * H + first;
-    const float rstd = a.rstd[row];
-    const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
-    Pack<T, VEC> xr[kSliceItems], dr[kSliceItems];
-#pragma unroll
-    for (int i = 0; i < kSliceItems; ++i) {
-      if (first + local(i) < H) {
-        xr[i] = *reinterpret_cast<const Pack<T, VEC>*>(x + local(i));
-        dr[i] = *reinterpret_cast<const Pack<T, VEC>*>(dy + local(i));
+      for (int i = 0; i < kSliceItems; ++i) {
+        if (first + local(i) < H) {
+          cp_async16(stage(st, 0, i), x + local(i));
+          cp_async16(stage(st, 1, i), dy + local(i));
+        }
       }
     }
+    cp_async_commit();  // possibly empty: keeps the group count uniform
+  };
+
+  float dg[kSliceItems][VEC], db[kSliceItems][VEC];
+#pragma unroll
+  for (int i = 0; i < kSliceItems; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) dg[i][j] = db[i][j] = 0.f;
+  }
+
+  prefetch(slot, 0);
+  int st = 0;
+  for (int64_t r = slot; r < rpg; r += l.used, st ^= 1) {
+    prefetch(r + l.used, st ^ 1);
+    cp_async_wait<1>();  // this row's stage has landed
+    const int64_t row = row0 + r;
+    const float rstd = a.rstd[row];
+    const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
     float acc[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (first + local(i) < H) {
+        const Vec xr = *stage(st, 0, i), dr = *stage(st, 1, i);
         float s[VEC];
         load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float g = to_float(dr[i].v[j]) * s[j];
-          acc[0] += g * (to_float(xr[i].v[j]) - mean) * rstd;
+          const float g = to_float(dr.v[j]) * s[j];
+          acc[0] += g * (to_float(xr.v[j]) - mean) * rstd;
           acc[1] += g;
         }
       }
     }
     row_sum<2>(acc, smem);
-    if (cluster > 1) cluster_sum<2>(acc, xchg, parity);
+    if (cluster > 1) cluster_sum<2>(acc, xchg, st);
     const float c1 = acc[0] / static_cast<float>(H);
     const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
     T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (first + local(i) < H) {
-        float s[VEC], out[VEC], dg[VEC], d[VEC];
+        const Vec xr = *stage(st, 0, i), dr = *stage(st, 1, i);
+        float s[VEC], out[VEC];
         load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xh = (to_float(xr[i].v[j]) - mean) * rstd;
-          d[j] = to_float(dr[i].v[j]);
-          out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
-          dg[j] = d[j] * xh;
+          const float xh = (to_float(xr.v[j]) - mean) * rstd;
+          const float d = to_float(dr.v[j]);
+          out[j] = rstd * (d * s[j] - c2 - xh * c1);
+          dg[i][j] += d * xh;
+          db[i][j] += d;
         }
         store_pack<VEC>(dx + local(i), out);
-        if (sum_g) add_to<VEC>(sum_g + local(i), dg);
-        if (sum_b) add_to<VEC>(sum_b + local(i), d);
       }
     }
   }
+  cp_async_wait<0>();
   if (cluster > 1) cluster_done();
   if (a.workspace == nullptr) return;
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) {
     if (first + local(i) < H) {
-      float v[VEC];
       int out = 0;
-      if (sum_g) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = sum_g[local(i) + j];
-        store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), v);
-      }
-      if (sum_b) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = sum_b[local(i) + j];
-        store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), v);
-      }
+      if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), dg[i]);
+      if (a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), db[i]);
     }
   }
 }
@@ -313,6 +319,30 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit) bwd_reduce(BwdArgs 
   }
 }
 
+// bwd_slices moves 16-byte packs; rows of up to kRegVecs packs go to bwd_regs.
+template <class T, int VEC>
+constexpr bool kSlicesFit = sizeof(T) * VEC == 16;
+constexpr int64_t kRegVecs = 256;
+constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
+
+template <NormKind K, class T, class P, int VEC>
+ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec, SlotLayout* l) {
+  if constexpr (kSlicesFit<T, VEC>) {
+    const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
+    const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
+    const size_t smem = 2 * 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x, dy
+    // Persistent slots: as many clusters as are resident on the GPU at once.
+    int resident = 0;
+    JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_slices<K, T, P, VEC>, dim3(tpr), smem, cluster, &resident));
+    l->used = std::max<int64_t>(1, std::min<int64_t>(l->stride, resident));
+    return launch_clustered(bwd_slices<K, T, P, VEC>,
+                            dim3(static_cast<unsigned>(l->used * cluster), static_cast<unsigned>(a.shape.groups)),
+                            dim3(tpr), smem, stream, cluster, "bwd_slices", a, *l, cluster);
+  } else {
+    return ffi::Error::Internal("jax_rmsnorm: bwd_slices needs 16-byte packs");
+  }
+}
+
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
@@ -321,7 +351,9 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t slots = a.workspace ? a.slots : std::min<int64_t>(rpg, 4096);
   if (slots < 1) return ffi::Error::InvalidArgument("jax_rmsnorm: backward workspace is missing");
   SlotLayout l{slots, slots};
-  if (nvec <= static_cast<int64_t>(kRegThreads) * kRegItems) {
+  const bool slices = kSlicesFit<T, VEC> && has_clusters() && nvec > kRegVecs &&
+                      nvec <= kSliceVecs * kMaxCluster;
+  if (!slices && nvec <= static_cast<int64_t>(kRegThreads) * kRegItems) {
     const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
     const int64_t rpb = std::min<int64_t>(tpr >= kBlockThreads ? 1 : kBlockThreads / tpr, slots);
     const int64_t blocks = slots / rpb;
@@ -329,19 +361,8 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
     bwd_regs<K, T, P, VEC><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.shape.groups)),
                              dim3(tpr, static_cast<unsigned>(rpb)), 0, stream>>>(a, l);
     JRN_RETURN_IF_ERROR(check_launch("bwd_regs"));
-  } else if (constexpr int64_t kCtaVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;
-             VEC > 1 && nvec <= kCtaVecs * kMaxCluster) {
-    const int cluster = pow2_ceil((nvec + kCtaVecs - 1) / kCtaVecs);
-    const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
-    const size_t smem = static_cast<size_t>(a.param_outputs()) * tpr * kSliceItems * VEC * sizeof(float);
-    // Persistent slots: as many clusters as are resident on the GPU at once.
-    int resident = 0;
-    JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_slices<K, T, P, VEC>, dim3(tpr), smem, cluster, &resident));
-    l.used = std::max<int64_t>(1, std::min<int64_t>(slots, resident));
-    JRN_RETURN_IF_ERROR(launch_clustered(
-        bwd_slices<K, T, P, VEC>,
-        dim3(static_cast<unsigned>(l.used * cluster), static_cast<unsigned>(a.shape.groups)), dim3(tpr),
-        smem, stream, cluster, "bwd_slices", a, l, cluster));
+  } else if (slices) {
+    JRN_RETURN_IF_ERROR((launch_bwd_slices<K, T, P, VEC>(stream, a, nvec, &l)));
   } else {
     bwd_stream<K, T, P, VEC><<<dim3(static_cast<unsigned>(slots), static_cast<unsigned>(a.shape.groups)),
                                kStreamThreads, 0, stream>>>(a, l);

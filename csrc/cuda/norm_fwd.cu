@@ -163,7 +163,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
-  if (VEC > 1 && nvec <= kCtaVecs * kMaxCluster) {  // one cluster per row
+  if (VEC > 1 && nvec <= kCtaVecs * kMaxCluster && has_clusters()) {  // one cluster per row
     const int cluster = pow2_ceil((nvec + kCtaVecs - 1) / kCtaVecs);
     const int tpr = pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems));
     const int64_t blocks = a.shape.rows * cluster;
