@@ -19,8 +19,8 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 def check(a, b, tol):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert np.isfinite(a).all()
-    err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-    assert err < tol, err
+    err = np.abs(a - b) - tol * (1.0 + np.abs(b))
+    assert (err <= 0).all(), float(err.max())
 
 
 def main():
@@ -31,10 +31,9 @@ def main():
             x = jax.random.normal(k[0], (m, h), jnp.float32).astype(dt)
             dy = jax.random.normal(k[1], (m, h), jnp.float32).astype(dt)
             g = (1 + 0.1 * jax.random.normal(k[2], (h,))).astype(jnp.float32)
-            tol = 2e-2 if dt == jnp.bfloat16 else 1e-4
+            tol = 3e-2 if dt == jnp.bfloat16 else 1e-4
             for kind in ("rms", "layer"):
                 f = (lambda x, g: jrn.rms_norm(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm(x, g, g))
-                f_cpu = jax.jit(f, device=jax.devices("cpu")[0])
                 y, vjp = jax.vjp(f, x, g)
                 yc, vjpc = jax.vjp(f, jax.device_put(x, jax.devices("cpu")[0]), jax.device_put(g, jax.devices("cpu")[0]))
                 check(y, yc, tol)

@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit) bwd_reduce(BwdArgs 
 // bwd_slices moves 16-byte packs; rows of up to kRegVecs packs go to bwd_regs.
 template <class T, int VEC>
 constexpr bool kSlicesFit = sizeof(T) * VEC == 16;
-constexpr int64_t kRegVecs = 256;
+constexpr int64_t kRegVecs = 64;
 constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
 
 template <NormKind K, class T, class P, int VEC>

@@ -18,6 +18,7 @@ constexpr int kMaxRowThreads = 1024;
 constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
 constexpr int kMaxCluster = 16;
+constexpr int kClusterCtaThreads = 512;
 
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluster) {
@@ -163,8 +164,11 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
-  if (VEC > 1 && nvec <= kCtaVecs * kMaxCluster && has_clusters()) {  // one cluster per row
-    const int cluster = pow2_ceil((nvec + kCtaVecs - 1) / kCtaVecs);
+  // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
+  // CTAs than the single-CTA path: more of them resident per SM).
+  constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
+  if (VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
+    const int cluster = pow2_ceil((nvec + kClusterCtaVecs - 1) / kClusterCtaVecs);
     const int tpr = pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems));
     const int64_t blocks = a.shape.rows * cluster;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
