@@ -57,6 +57,17 @@ def bench(fn, arg_sets, iters, reps):
     return statistics.median(times)
 
 
+def chained(fn, n, backward):
+    """fn applied n times back to back in one jit: the output (dx for a
+    backward) feeds the next application."""
+    def body(_, carry):
+        first, rest = carry
+        out = fn(first, *rest)
+        return ((out[0] if backward else out).astype(first.dtype), rest)
+
+    return jax.jit(lambda first, *rest: jax.lax.fori_loop(0, n, body, (first, rest))[0])
+
+
 def rel_err(a, b):
     a = np.asarray(a, np.float32).ravel()
     b = np.asarray(b, np.float32).ravel()
@@ -69,7 +80,10 @@ def main():
     ap.add_argument("--param-dtype", default=None, help="gamma/beta dtype (default: x's)")
     ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536, 262144])
     ap.add_argument("--elements", type=int, default=1 << 27, help="rows * hidden")
-    ap.add_argument("--rows", type=int, nargs="+", default=None, help="fixed row counts (latency mode)")
+    ap.add_argument("--rows", type=int, nargs="+", default=None,
+                    help="fixed row counts (latency mode: each timed call runs the op --chain times "
+                         "back to back inside one jit, so dispatch overhead is amortized)")
+    ap.add_argument("--chain", type=int, default=100, help="ops per call in latency mode")
     ap.add_argument("--ops", nargs="+", default=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd"])
     ap.add_argument("--zero-centered", action="store_true")
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
@@ -134,6 +148,12 @@ def main():
                 nbytes = 3 * m * h * s + nstat * 4 * m + h * ps + nstat * h * ps
                 t = bench(ours, sets, args.iters, args.reps)
                 tx = bench(xla, [(dy, x) for dy, x in zip(dys, xs)], args.iters, args.reps)
+            if args.rows:  # latency mode: time --chain dependent applications per call
+                t = bench(chained(ours, args.chain, op.endswith("bwd")), sets if op.endswith("bwd") else [(x,) for x in xs],
+                          max(2, args.iters // 4), args.reps) / args.chain
+                xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if op.endswith("bwd") else [(x,) for x in xs]
+                tx = bench(chained(xla, args.chain, op.endswith("bwd")), xla_sets, max(2, args.iters // 4),
+                           args.reps) / args.chain
             tol = 2e-2 if dt != jnp.float32 else 1e-4
             if not err < tol:
                 raise SystemExit(f"{op} {m}x{h}: result differs from the jnp reference (rel err {err:.2e})")

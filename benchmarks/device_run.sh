@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|sanitize]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-extra|sanitize]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -12,6 +12,13 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -rs tests -k gpu 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
+    bench-extra)  # other dtypes, float32 params, Gemma scale, decode-time row counts
+      { python3 benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384
+        python3 benchmarks/bench_norm.py --dtype float16 --hidden 4096 16384
+        python3 benchmarks/bench_norm.py --param-dtype float32 --hidden 4096 16384
+        python3 benchmarks/bench_norm.py --zero-centered --hidden 4096 16384 --ops rms_fwd rms_bwd
+        python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd
+      } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
     sanitize)
       for tool in memcheck racecheck; do
         XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 150 compute-sanitizer --tool $tool \
