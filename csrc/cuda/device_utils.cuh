@@ -242,32 +242,49 @@ inline bool has_clusters() {
   return major[dev] >= 9;
 }
 
-// Launches `kernel` with thread block clusters of `cluster` CTAs along x.
-template <class... Params, class... Args>
-ffi::Error launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                            cudaStream_t stream, unsigned cluster, const char* name, Args&&... args) {
+// A launch configuration with thread block clusters of `cluster` CTAs along x.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1] = {};
+  ClusterLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points into attr
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Lets `kernel` run with clusters of `cluster` CTAs and `smem` bytes of
+// dynamic shared memory (limits above the defaults must be asked for).
+template <class... Params>
+ffi::Error allow_cluster_launch(void (*kernel)(Params...), size_t smem, unsigned cluster) {
   if (cluster > 8) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return cuda_error(e, name);
+    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   }
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
-    if (e != cudaSuccess) return cuda_error(e, name);
+    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return ffi::Error::Success();
+}
+
+// Launches `kernel` with thread block clusters of `cluster` CTAs along x.
+template <class... Params, class... Args>
+ffi::Error launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            cudaStream_t stream, unsigned cluster, const char* name, Args&&... args) {
+  JRN_RETURN_IF_ERROR(allow_cluster_launch(kernel, smem, cluster));
+  ClusterLaunch launch(grid, block, smem, stream, cluster);
+  cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) return cuda_error(e, name);
   return check_launch(name);
 }
@@ -289,27 +306,10 @@ ffi::Error co_resident_clusters(void (*kernel)(Params...), dim3 block, size_t sm
     *count = it->second;
     return ffi::Error::Success();
   }
-  if (cluster > 8) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute");
-  }
-  if (smem > 48 * 1024) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute");
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster);
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  JRN_RETURN_IF_ERROR(allow_cluster_launch(kernel, smem, cluster));
+  ClusterLaunch launch(dim3(cluster), block, smem, nullptr, cluster);
   int n = 0;
-  e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+  e = cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg);
   if (e != cudaSuccess) return cuda_error(e, "cudaOccupancyMaxActiveClusters");
   if (n < 1) return ffi::Error::Internal("jax_rmsnorm: a kernel configuration does not fit on this GPU");
   cache.emplace(key, n);
