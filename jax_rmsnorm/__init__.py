@@ -12,7 +12,7 @@ from ._api import (
     rms_norm_bwd,
     rms_norm_fwd,
 )
-from ._ffi import cuda_built
+from ._ffi import cuda_built, export_checks
 
 __version__ = "0.1.0"
 
@@ -24,4 +24,5 @@ __all__ = [
     "layer_norm_fwd",
     "layer_norm_bwd",
     "cuda_built",
+    "export_checks",
 ]

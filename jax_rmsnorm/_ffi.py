@@ -35,3 +35,16 @@ if _jax_rmsnorm_cuda is not None:
 def cuda_built() -> bool:
     """Whether this installation includes the CUDA kernels."""
     return _jax_rmsnorm_cuda is not None
+
+
+def export_checks() -> list:
+    """The safety checks ``jax.export`` must skip for these custom calls.
+
+    ``jax.export`` accepts only custom calls it knows to be stable; pass
+    ``disabled_checks=jax_rmsnorm.export_checks()`` to ``jax.export.export``.
+    The side that deserializes and runs the artifact must ``import
+    jax_rmsnorm`` first (same or newer version), which registers the targets.
+    """
+    from jax import export
+
+    return [export.DisabledSafetyCheck.custom_call(name) for name in TARGETS]

@@ -1,0 +1,51 @@
+"""What the Flax and Equinox modules share: the call into the kernels with the
+dtype rules of the module being replaced."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ._api import layer_norm, rms_norm
+
+
+def check_last_axis(name: str, axes) -> None:
+    """The kernels normalize over the last axis only."""
+    if axes not in (-1, (-1,), [-1]):
+        raise NotImplementedError(
+            f"jax_rmsnorm modules normalize over the last axis only: {name} must be -1, got {axes!r}")
+
+
+def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered_gamma: bool):
+    """Normalizes ``x`` over its last axis and returns it in ``out_dtype``.
+
+    Where ``out_dtype`` is wider than ``x`` (bf16 input with float32 parameters,
+    say), ``x`` is widened first so that the kernel writes the wide result
+    directly; the statistics are float32 either way. Parameters are passed in
+    float32 unless they already have the kernel's input dtype.
+    """
+    out_dtype = jnp.dtype(out_dtype)
+    widen_to = out_dtype
+    if kind == "rms" and bias is not None:
+        # RMSNorm with a shift (Equinox has one) adds it after the kernel, in
+        # float32 as the module it replaces does.
+        widen_to = jnp.promote_types(out_dtype, jnp.float32)
+    if jnp.promote_types(x.dtype, widen_to) == widen_to and widen_to != x.dtype:
+        x = x.astype(widen_to)
+    scale, bias = _as_params(x.dtype, scale, bias)
+    if kind == "rms":
+        y = rms_norm(x, scale, eps=eps, zero_centered_gamma=zero_centered_gamma)
+        if bias is not None:
+            y = y + bias.astype(y.dtype)
+    else:
+        y = layer_norm(x, scale, bias, eps=eps, zero_centered_gamma=zero_centered_gamma)
+    return y.astype(out_dtype)
+
+
+def _as_params(x_dtype, scale, bias):
+    """Parameters in a dtype the kernels take: x's or float32, both the same."""
+    present = [p for p in (scale, bias) if p is not None]
+    dtypes = {p.dtype for p in present}
+    if len(dtypes) > 1 or (dtypes and dtypes.pop() not in (x_dtype, jnp.float32)):
+        cast = lambda p: None if p is None else p.astype(jnp.float32)
+        return cast(scale), cast(bias)
+    return scale, bias
