@@ -15,6 +15,14 @@ def check_last_axis(name: str, axes) -> None:
             f"jax_rmsnorm modules normalize over the last axis only: {name} must be -1, got {axes!r}")
 
 
+def check_flax_module(mod) -> None:
+    """Construction-time checks of the Flax (linen and NNX) modules' options."""
+    check_last_axis("reduction_axes", mod.reduction_axes)
+    check_last_axis("feature_axes", mod.feature_axes)
+    if mod.axis_name is not None or mod.axis_index_groups is not None:
+        raise NotImplementedError("jax_rmsnorm modules do not take axis_name/axis_index_groups yet")
+
+
 def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered_gamma: bool):
     """Normalizes ``x`` over its last axis and returns it in ``out_dtype``.
 

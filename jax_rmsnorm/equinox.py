@@ -35,29 +35,25 @@ def _call(mod, kind, x, state, name):
     return y if state is _sentinel else (y, state)
 
 
-class RMSNorm(eqx.nn.RMSNorm):
-    """``equinox.nn.RMSNorm`` on jax_rmsnorm's kernels."""
+def _drop_in(base, kind: str):
+    """A subclass of the Equinox module `base` that runs jax_rmsnorm's kernels."""
 
-    zero_centered_gamma: bool = eqx.field(static=True, default=False)
+    class Norm(base):
+        zero_centered_gamma: bool = eqx.field(static=True, default=False)
 
-    def __init__(self, shape, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True,
-                 dtype=None, *, zero_centered_gamma: bool = False):
-        super().__init__(shape, eps, use_weight, use_bias, dtype)
-        self.zero_centered_gamma = zero_centered_gamma
+        def __init__(self, shape, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True,
+                     dtype=None, *, zero_centered_gamma: bool = False):
+            super().__init__(shape, eps, use_weight, use_bias, dtype)
+            self.zero_centered_gamma = zero_centered_gamma
 
-    def __call__(self, x, state=_sentinel, *, key=None):
-        return _call(self, "rms", x, state, "RMSNorm")
+        def __call__(self, x, state=_sentinel, *, key=None):
+            return _call(self, kind, x, state, base.__name__)
+
+    Norm.__name__ = Norm.__qualname__ = base.__name__
+    Norm.__module__ = __name__
+    Norm.__doc__ = f"``equinox.nn.{base.__name__}`` on jax_rmsnorm's kernels."
+    return Norm
 
 
-class LayerNorm(eqx.nn.LayerNorm):
-    """``equinox.nn.LayerNorm`` on jax_rmsnorm's kernels."""
-
-    zero_centered_gamma: bool = eqx.field(static=True, default=False)
-
-    def __init__(self, shape, eps: float = 1e-5, use_weight: bool = True, use_bias: bool = True,
-                 dtype=None, *, zero_centered_gamma: bool = False):
-        super().__init__(shape, eps, use_weight, use_bias, dtype)
-        self.zero_centered_gamma = zero_centered_gamma
-
-    def __call__(self, x, state=_sentinel, *, key=None):
-        return _call(self, "layer", x, state, "LayerNorm")
+RMSNorm = _drop_in(eqx.nn.RMSNorm, "rms")
+LayerNorm = _drop_in(eqx.nn.LayerNorm, "layer")

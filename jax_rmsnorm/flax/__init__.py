@@ -14,24 +14,16 @@ and change nothing). Extra: ``zero_centered_gamma`` scales by ``1 + scale``.
 from __future__ import annotations
 
 import flax.linen as nn
+import jax.numpy as jnp
 
-from .._modules import check_last_axis, normalize
+from .._modules import check_flax_module, normalize
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
 
-def _check(mod):
-    check_last_axis("reduction_axes", mod.reduction_axes)
-    check_last_axis("feature_axes", mod.feature_axes)
-    if mod.axis_name is not None or mod.axis_index_groups is not None:
-        raise NotImplementedError("jax_rmsnorm modules do not take axis_name/axis_index_groups yet")
-
-
 def _out_dtype(mod, x, *params):
-    if mod.dtype is not None:
-        return mod.dtype
-    import jax.numpy as jnp
-    return jnp.result_type(x, *params)
+    """flax.linen's rule: ``dtype`` if given, else the promotion of input and parameters."""
+    return mod.dtype if mod.dtype is not None else jnp.result_type(x, *params)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -45,7 +37,7 @@ class RMSNorm(nn.RMSNorm):
     zero_centered_gamma: bool = False
 
     def __post_init__(self):
-        _check(self)
+        check_flax_module(self)
         super().__post_init__()
 
     @nn.compact
@@ -69,7 +61,7 @@ class LayerNorm(nn.LayerNorm):
     zero_centered_gamma: bool = False
 
     def __post_init__(self):
-        _check(self)
+        check_flax_module(self)
         super().__post_init__()
 
     @nn.compact

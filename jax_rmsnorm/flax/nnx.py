@@ -9,16 +9,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from .._modules import check_last_axis, normalize
+from .._modules import check_flax_module, normalize
 
 __all__ = ["RMSNorm", "LayerNorm"]
-
-
-def _check(mod):
-    check_last_axis("reduction_axes", mod.reduction_axes)
-    check_last_axis("feature_axes", mod.feature_axes)
-    if mod.axis_name is not None or mod.axis_index_groups is not None:
-        raise NotImplementedError("jax_rmsnorm modules do not take axis_name/axis_index_groups yet")
 
 
 def _call(mod, kind, x, scale, bias, mask):
@@ -40,7 +33,7 @@ class RMSNorm(nnx.RMSNorm):
     def __init__(self, num_features: int, *, zero_centered_gamma: bool = False, **kwargs):
         super().__init__(num_features, **kwargs)
         self.zero_centered_gamma = zero_centered_gamma
-        _check(self)
+        check_flax_module(self)
 
     def __call__(self, x, mask=None):
         scale = self.scale[...] if self.scale is not None else None
@@ -53,7 +46,7 @@ class LayerNorm(nnx.LayerNorm):
     def __init__(self, num_features: int, *, zero_centered_gamma: bool = False, **kwargs):
         super().__init__(num_features, **kwargs)
         self.zero_centered_gamma = zero_centered_gamma
-        _check(self)
+        check_flax_module(self)
 
     def __call__(self, x, *, mask=None):
         scale = self.scale[...] if self.scale is not None else None
