@@ -11,7 +11,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._primitives import LAYER, RMS, _placeholder, norm_bwd, norm_fwd
+from ._primitives import LAYER, RMS, _placeholder, norm_bwd, norm_fwd, varying_axes
 
 Array = jax.Array
 
@@ -143,7 +143,18 @@ def _normalize_fwd(x, gamma, beta, cfg):
 
 def _normalize_bwd(cfg, res, dy):
     x, gamma, beta, mean, rstd = res
-    return _backward(dy, x, mean, rstd, gamma, beta, cfg)
+    grads = _backward(dy, x, mean, rstd, gamma, beta, cfg)
+    return tuple(_sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta)))
+
+
+def _sum_to_primal_vma(ct, primal):
+    """Inside shard_map, a cotangent that varies over more mesh axes than its
+    primal (dgamma of a replicated gamma, from rows split over 'data') is a
+    per-device partial: sum it over those axes, as JAX's own transposes do."""
+    if ct is None:
+        return None
+    extra = varying_axes(jax.typeof(ct)) - varying_axes(jax.typeof(primal))
+    return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
 
 
 _normalize.defvjp(_normalize_fwd, _normalize_bwd)

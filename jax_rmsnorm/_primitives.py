@@ -30,17 +30,30 @@ LAYER = "layer"
 # helpers shared by both families
 
 
+def varying_axes(aval) -> frozenset:
+    """The shard_map mesh axes an aval varies over (empty outside shard_map).
+
+    JAX 0.10 keeps them in ``aval.manual_axis_type.varying``; other releases in
+    ``aval.vma``."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", frozenset()))
+
+
 def _vma(*avals):
-    """Union of the shard_map varying axes of some avals (empty outside shard_map)."""
-    out = frozenset()
-    for a in avals:
-        out = out | frozenset(getattr(a, "vma", frozenset()))
-    return out
+    """Union of the varying axes of some avals."""
+    return frozenset().union(*(varying_axes(a) for a in avals))
 
 
 def _like(aval, vma, shape=None, dtype=None):
     """An aval of ``aval``'s kind with a new shape/dtype and the given varying axes."""
-    kwargs = {"vma": vma} if hasattr(aval, "vma") else {}
+    kwargs = {}
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        kwargs["manual_axis_type"] = type(mat)(varying=vma, unreduced=mat.unreduced, reduced=mat.reduced)
+    elif hasattr(aval, "vma"):
+        kwargs["vma"] = vma
     if shape is not None and tuple(shape) != tuple(aval.shape):
         sharding = getattr(aval, "sharding", None)
         spec = getattr(sharding, "spec", None)

@@ -1,3 +1,8 @@
+import os
+
+# Eight CPU devices for the shard_map tests (set before JAX initializes).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
 import pytest
 
 from reference import PLATFORMS

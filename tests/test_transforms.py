@@ -120,3 +120,26 @@ def test_lowering_picks_the_platform_target():
     else:
         with pytest.raises(RuntimeError, match="without its CUDA kernels"):
             f.trace(x, g).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_grad_inside_shard_map_rows_split(kind):
+    # Rows split over 'data', parameters replicated: dgamma/dbeta are the sum
+    # of every device's partial, and equal the unsharded gradients.
+    from jax.sharding import PartitionSpec as P
+    cpus = jax.devices("cpu")
+    if len(cpus) < 4:
+        pytest.skip("needs 4 CPU devices")
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=cpus[:4])
+    norm = _fn(kind)
+    x = random(40, (8, 3, 32), jnp.float32, offset=0.2)
+    g = random(41, (32,), jnp.float32, offset=1.0)
+    b = random(42, (32,), jnp.float32)
+    w = random(43, (8, 3, 32), jnp.float32)
+    local = lambda x, g, b, w: jax.lax.psum(jnp.sum(norm(x, g, b) * w), "data")
+    grad = jax.jit(jax.shard_map(jax.grad(local, (0, 1, 2)), mesh=mesh,
+                                 in_specs=(P("data"), P(), P(), P("data")), out_specs=(P("data"), P(), P())))
+    got = grad(x, g, b, w)
+    want = jax.grad(lambda x, g, b: jnp.sum(norm(x, g, b) * w), (0, 1, 2))(x, g, b)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-5)
