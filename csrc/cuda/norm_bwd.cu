@@ -323,7 +323,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceSplit) bwd_reduce(BwdArgs 
 template <class T, int VEC>
 constexpr bool kSlicesFit = sizeof(T) * VEC == 16;
 constexpr int64_t kRegVecs = 64;
-constexpr int64_t kMaxSlices = 1024;
 constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
 
 template <NormKind K, class T, class P, int VEC>
@@ -332,13 +331,10 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
     const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
     const size_t smem = 2 * 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x, dy
-    // Persistent slots: as many clusters as are resident on the GPU at once,
-    // but at most kMaxSlices: with narrow rows (one warp per CTA) thousands
-    // fit, and their dgamma partials would cost more to reduce than the
-    // extra parallelism gains.
+    // Persistent slots: as many clusters as are resident on the GPU at once.
     int resident = 0;
     JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_slices<K, T, P, VEC>, dim3(tpr), smem, cluster, &resident));
-    l->used = std::max<int64_t>(1, std::min<int64_t>({l->stride, resident, kMaxSlices}));
+    l->used = std::max<int64_t>(1, std::min<int64_t>(l->stride, resident));
     return launch_clustered(bwd_slices<K, T, P, VEC>,
                             dim3(static_cast<unsigned>(l->used * cluster), static_cast<unsigned>(a.shape.groups)),
                             dim3(tpr), smem, stream, cluster, "bwd_slices", a, *l, cluster);
