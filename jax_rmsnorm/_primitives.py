@@ -224,12 +224,9 @@ def _bwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
     rows, ps = list(args[:n_rows]), list(args[n_rows:])
     full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
     size = _batch_size(args, dims)
-    if not has_gamma and not (kind == LAYER and has_beta):
-        # Only dx: move the batch axis off the hidden axis, broadcast the rest.
-        rows = _move_to_front(rows, dims[:n_rows], size)
-        outs = norm_bwd_p.bind(*rows, *ps, **full)
-        return outs, [0] + [None] * (len(outs) - 1)
-    # dgamma/dbeta are per example: parameters become groups along the batch axis.
+    # Batch axis first everywhere. dgamma/dbeta are per example, so present
+    # parameters become groups along the batch axis; absent ones stay
+    # placeholders with unbatched outputs.
     rows = _move_to_front(rows, dims[:n_rows], size)
     present = [has_gamma, has_beta][: len(ps)]
     ps = [batching.bdim_at_front(p, b, size) if keep else p

@@ -5,12 +5,12 @@
 //   dx   = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
 //
-// Kernels: bwd_regs (rows of up to 512 * 2 packs, several rows per CTA,
-// dgamma sums in registers), bwd_slices (wider rows: each slot is a CTA or a
-// thread block cluster that walks its rows with each CTA holding a slice of the
-// row in registers and its dgamma sums in shared memory; row sums combined
-// across the cluster through distributed shared memory), and bwd_stream (the
-// rest: rows streamed twice).
+// Kernels: bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
+// sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
+// CTA or a thread block cluster that walks its rows, each CTA prefetching its
+// slice of the next row into shared memory and keeping its dgamma sums in
+// registers; row sums combined across the cluster through distributed shared
+// memory), and bwd_stream (the rest: rows streamed twice).
 //
 // dgamma/dbeta are reduced without atomics: each "slot" (one row of threads of
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its
