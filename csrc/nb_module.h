@@ -1,5 +1,6 @@
 // The Python module of one platform: `registrations()` returns the FFI
-// handlers defined by JRN_DEFINE_NORM_HANDLERS(PREFIX, ...) by target name.
+// handlers defined by JRN_DEFINE_NORM_HANDLERS and JRN_DEFINE_DIST_HANDLERS
+// (PREFIX, ...) by target name.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -13,6 +14,14 @@
       d["jrn_rms_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwd));     \
       d["jrn_layer_norm_fwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwd)); \
       d["jrn_layer_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwd)); \
+      d["jrn_rms_norm_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormStats)); \
+      d["jrn_layer_norm_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormStats));\
+      d["jrn_rms_norm_grad_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormGradStats));\
+      d["jrn_layer_norm_grad_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormGradStats));\
+      d["jrn_rms_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormApply)); \
+      d["jrn_layer_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormApply));\
+      d["jrn_rms_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGiven));\
+      d["jrn_layer_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdGiven));\
       return d;                                                                         \
     });                                                                                 \
   }

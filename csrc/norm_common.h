@@ -116,6 +116,9 @@ struct FwdArgs {
   float* rstd = nullptr;
   float eps = 0.f;
   bool zero_centered = false;  // scale is (1 + gamma)
+  // "Apply" mode (hidden dim split across devices): mean/rstd are inputs,
+  // already combined across the devices; only y is written.
+  bool given_stats = false;
 };
 
 struct BwdArgs {
@@ -133,7 +136,27 @@ struct BwdArgs {
   float* workspace = nullptr;
   int64_t slots = 0;
   bool zero_centered = false;
+  // Hidden dim split across devices: per row (c1, c2) = (mean(gdy * xhat),
+  // mean(gdy)) over the whole row, already combined across the devices. When
+  // set, the kernels use them instead of their own (local) row means.
+  const float* coef = nullptr;
   JRN_HOST_DEVICE int param_outputs() const { return (dgamma ? 1 : 0) + (dbeta ? 1 : 0); }
+};
+
+// Per-row partial statistics of a slice of the hidden dim (the building blocks
+// of distributed normalization). Two kinds:
+//  * of x: RMSNorm writes sum(x^2) per row; LayerNorm writes (mean, m2) per
+//    row, m2 = sum((x - mean)^2) over the slice.
+//  * of the gradient: (sum(gdy * xhat), sum(gdy)) per row, gdy = dy * scale.
+struct StatsArgs {
+  NormShape shape;
+  const void* x = nullptr;
+  const void* dy = nullptr;     // gradient statistics only
+  const float* mean = nullptr;  // gradient statistics of LayerNorm only
+  const float* rstd = nullptr;  // gradient statistics only
+  const void* gamma = nullptr;  // gradient statistics only; null: no scale
+  bool zero_centered = false;
+  float* out = nullptr;  // rows x (1 or 2) floats
 };
 
 // ---- Decoding of the FFI buffers into FwdArgs/BwdArgs, shared by both platforms.
@@ -238,12 +261,13 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
   ::xla::ffi::Error Bwd(CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, const ::xla::ffi::AnyBuffer* mean,       \
                  ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer gamma, ::xla::ffi::AnyBuffer dx,                   \
                  ::xla::ffi::AnyBuffer dgamma, ::xla::ffi::AnyBuffer* dbeta, float* ws, int64_t ws_floats,     \
-                 bool zc, bool has_gamma, bool has_beta) {                                      \
+                 bool zc, bool has_gamma, bool has_beta, const float* coef = nullptr) {         \
     BwdArgs a;                                                                                  \
     if (auto e = decode_bwd(K, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, zc, has_gamma,       \
                             has_beta, &a);                                                      \
         e.failure())                                                                            \
       return e;                                                                                 \
+    a.coef = coef;                                                                              \
     if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
     const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
     a.workspace = per_slot > 0 ? ws : nullptr;                                                  \

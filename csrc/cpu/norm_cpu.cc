@@ -10,6 +10,7 @@
 
 #include "../nb_module.h"
 #include "../norm_common.h"
+#include "../dist_handlers.h"
 
 namespace jrn {
 namespace {
@@ -92,21 +93,24 @@ struct CpuBackend {
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
       const T* xr = x + r * H;
       double sum = 0.0;
-      if constexpr (K == NormKind::kLayer) {
+      if (K == NormKind::kLayer && !a.given_stats) {
         for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
       }
-      const float mean = static_cast<float>(sum / static_cast<double>(H));
+      float mean = static_cast<float>(sum / static_cast<double>(H));
+      if (K == NormKind::kLayer && a.given_stats) mean = a.mean[r];
       double ss = 0.0;
       for (int64_t i = 0; i < H; ++i) {
         row[i] = to_float(xr[i]) - mean;
         ss += static_cast<double>(row[i]) * row[i];
       }
-      const float rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
+      const float rstd = a.given_stats ? a.rstd[r]
+                                       : static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
       for (int64_t i = 0; i < H; ++i) {
         float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
         if (beta) v += to_float(beta[i]);
         y[r * H + i] = from_float<T>(v);
       }
+      if (a.given_stats) continue;
       a.rstd[r] = rstd;
       if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
     }
@@ -137,8 +141,12 @@ struct CpuBackend {
           if (a.dgamma) dg[i] += static_cast<double>(d) * xhat[i];
           if (a.dbeta) db[i] += d;
         }
-        const float c1 = static_cast<float>(sum_gdy_xhat / static_cast<double>(H));
-        const float c2 = K == NormKind::kLayer ? static_cast<float>(sum_gdy / static_cast<double>(H)) : 0.f;
+        float c1 = static_cast<float>(sum_gdy_xhat / static_cast<double>(H));
+        float c2 = K == NormKind::kLayer ? static_cast<float>(sum_gdy / static_cast<double>(H)) : 0.f;
+        if (a.coef) {
+          c1 = a.coef[2 * r];
+          c2 = K == NormKind::kLayer ? a.coef[2 * r + 1] : 0.f;
+        }
         for (int64_t i = 0; i < H; ++i) dx[r * H + i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
       }
       for (int64_t i = 0; i < H; ++i) {
@@ -148,11 +156,57 @@ struct CpuBackend {
     }
     return ffi::Error::Success();
   }
+
+  template <NormKind K, class T>
+  static ffi::Error stats(const StatsArgs& a) {
+    const int64_t H = a.shape.hidden;
+    const T* x = static_cast<const T*>(a.x);
+    for (int64_t r = 0; r < a.shape.rows; ++r) {
+      const T* xr = x + r * H;
+      double sum = 0.0, ss = 0.0;
+      if constexpr (K == NormKind::kLayer) {
+        for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
+      }
+      const double mean = sum / static_cast<double>(H);
+      for (int64_t i = 0; i < H; ++i) {
+        const double d = to_float(xr[i]) - mean;
+        ss += d * d;
+      }
+      if constexpr (K == NormKind::kLayer) {
+        a.out[2 * r] = static_cast<float>(mean);
+        a.out[2 * r + 1] = static_cast<float>(ss);
+      } else {
+        a.out[r] = static_cast<float>(ss);
+      }
+    }
+    return ffi::Error::Success();
+  }
+
+  template <NormKind K, class T, class P>
+  static ffi::Error grad_stats(const StatsArgs& a) {
+    const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+    const T* x = static_cast<const T*>(a.x);
+    const T* dy = static_cast<const T*>(a.dy);
+    for (int64_t r = 0; r < a.shape.rows; ++r) {
+      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + (r / rpg) * H : nullptr;
+      const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+      double s1 = 0.0, s2 = 0.0;
+      for (int64_t i = 0; i < H; ++i) {
+        const float g = to_float(dy[r * H + i]) * scale_at(gamma, i, a.zero_centered);
+        s1 += static_cast<double>(g) * ((to_float(x[r * H + i]) - mean) * rstd);
+        s2 += g;
+      }
+      a.out[2 * r] = static_cast<float>(s1);
+      a.out[2 * r + 1] = static_cast<float>(s2);
+    }
+    return ffi::Error::Success();
+  }
 };
 
 }  // namespace
 }  // namespace jrn
 
 JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
+JRN_DEFINE_DIST_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
 
 JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu)

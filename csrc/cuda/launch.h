@@ -1,5 +1,5 @@
 // The CUDA launchers, as the FFI handlers see them. Implemented in
-// norm_fwd.cu / norm_bwd.cu and instantiated there for every supported
+// norm_fwd.cu / norm_bwd.cu / norm_stats.cu and instantiated there for every supported
 // (normalization, element type, parameter type).
 #pragma once
 
@@ -14,6 +14,12 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a);
 
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a);
+
+template <NormKind K, class T>
+ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a);
+
+template <NormKind K, class T, class P>
+ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
 
 // Applies MACRO(K, T, P) to every instantiated combination.
 #define JRN_FOR_EACH_INSTANCE(MACRO)                                       \

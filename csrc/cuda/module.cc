@@ -6,6 +6,7 @@
 
 #include "../nb_module.h"
 #include "../norm_common.h"
+#include "../dist_handlers.h"
 #include "launch.h"
 
 namespace jrn {
@@ -21,12 +22,23 @@ struct CudaBackend {
   static ffi::Error bwd(cudaStream_t stream, const BwdArgs& a) {
     return cuda::launch_bwd<K, T, P>(stream, a);
   }
+  template <NormKind K, class T>
+  static ffi::Error stats(cudaStream_t stream, const StatsArgs& a) {
+    return cuda::launch_stats<K, T>(stream, a);
+  }
+  template <NormKind K, class T, class P>
+  static ffi::Error grad_stats(cudaStream_t stream, const StatsArgs& a) {
+    return cuda::launch_grad_stats<K, T, P>(stream, a);
+  }
 };
 
 }  // namespace jrn
 
 #define JRN_COMMA ,
 JRN_DEFINE_NORM_HANDLERS(Cuda, ::jrn::CudaBackend,
+                         ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
+                         cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
+JRN_DEFINE_DIST_HANDLERS(Cuda, ::jrn::CudaBackend,
                          ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
                          cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
 

@@ -16,6 +16,9 @@
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its
 // own row of the float32 workspace; bwd_reduce then adds the slots column by
 // column in a fixed order. The result is bitwise reproducible run to run.
+//
+// With `coef` (the hidden dim split across devices) the kernels take the row
+// means c1 = mean(gdy * xhat), c2 = mean(gdy) of the whole row from it.
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -101,8 +104,10 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
     } else {
       row_sum<1>(reinterpret_cast<float(&)[1]>(acc), smem);
     }
-    const float c1 = acc[0] / static_cast<float>(H);
-    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    const float c1 = a.coef ? (valid ? a.coef[2 * row] : 0.f) : acc[0] / static_cast<float>(H);
+    const float c2 = K != NormKind::kLayer ? 0.f
+                     : a.coef              ? (valid ? a.coef[2 * row + 1] : 0.f)
+                                           : acc[1] / static_cast<float>(H);
     if (valid) {
       T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
@@ -201,8 +206,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     }
     row_sum<2>(acc, smem);
     if (cluster > 1) cluster_sum<2>(acc, xchg, st);
-    const float c1 = acc[0] / static_cast<float>(H);
-    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
+    const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
     T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -273,8 +278,8 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
       }
     }
     row_sum<2>(acc, smem);
-    const float c1 = acc[0] / static_cast<float>(H);
-    const float c2 = K == NormKind::kLayer ? acc[1] / static_cast<float>(H) : 0.f;
+    const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
+    const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
     T* dx = static_cast<T*>(a.dx) + row * H;
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
       float xv[VEC], d[VEC], s[VEC], out[VEC];

@@ -7,6 +7,9 @@
 //    are combined through distributed shared memory).
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
+//
+// With `given_stats` (the hidden dim split across devices) both take mean and
+// rstd from their inputs instead of the row and write only y.
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -52,6 +55,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
     row_sum<1>(sum, smem);
     if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
     mean = sum[0] / static_cast<float>(H);
+    if (a.given_stats && valid) mean = a.mean[row];
   }
   float ss[1] = {0.f};
 #pragma unroll
@@ -70,7 +74,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
     cluster_sum<1>(ss, xchg, 1);
     cluster_done();
   }
-  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
   if (!valid) return;
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
@@ -94,7 +98,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
       store_pack<VEC>(y + col, out);
     }
   }
-  if (threadIdx.x == 0 && rank == 0) {
+  if (threadIdx.x == 0 && rank == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
@@ -126,7 +130,8 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   const float mean = K == NormKind::kLayer ? shift + m1 : 0.f;
   const float var = K == NormKind::kLayer ? fmaxf(acc[1] / static_cast<float>(H) - m1 * m1, 0.f)
                                           : acc[1] / static_cast<float>(H);
-  const float rstd = rsqrtf(var + a.eps);
+  const float rstd = a.given_stats ? a.rstd[row] : rsqrtf(var + a.eps);
+  const float mean_used = a.given_stats && K == NormKind::kLayer ? a.mean[row] : mean;
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
@@ -137,7 +142,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     load_pack<VEC>(x + p * VEC, v);
     load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean) * rstd * s[j];
+    for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean_used) * rstd * s[j];
     if (beta) {
       float b[VEC];
       load_pack<VEC>(beta + p * VEC, b);
@@ -146,7 +151,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     }
     store_pack<VEC>(y + p * VEC, v);
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }

@@ -1,0 +1,130 @@
+// Per-row statistics of a slice of the hidden dim, for normalization with the
+// hidden dim split across devices (see StatsArgs):
+//   x_stats:    RMSNorm sum(x^2); LayerNorm (mean, sum((x - mean)^2)), the
+//               sums taken around the row's first element so they do not cancel.
+//   grad_stats: (sum(gdy * xhat), sum(gdy)), gdy = dy * scale.
+// A block is (threads per row, rows per block), as row_sum expects.
+#include "device_utils.cuh"
+#include "launch.h"
+
+namespace jrn::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kItems = 4;  // packs per thread per pass, to size threads per row
+
+template <NormKind K, class T, int VEC>
+__global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden, nvec = H / VEC;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+  const float shift = K == NormKind::kLayer && valid ? to_float(x[0]) : 0.f;
+  float acc[2] = {0.f, 0.f};
+  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
+    float v[VEC];
+    load_pack<VEC>(x + p * VEC, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[j] - shift;
+      acc[0] += d;
+      acc[1] += d * d;
+    }
+  }
+  row_sum<2>(acc, smem);
+  if (!valid || threadIdx.x != 0) return;
+  if constexpr (K == NormKind::kLayer) {
+    const float m1 = acc[0] / static_cast<float>(H);
+    a.out[2 * row] = shift + m1;
+    a.out[2 * row + 1] = fmaxf(acc[1] - acc[0] * m1, 0.f);
+  } else {
+    a.out[row] = acc[1];
+  }
+}
+
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden, nvec = H / VEC;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+  const T* dy = static_cast<const T*>(a.dy) + row * H;
+  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + (row / a.shape.rows_per_group()) * H
+                                    : nullptr;
+  const float rstd = valid ? a.rstd[row] : 0.f;
+  const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
+  float acc[2] = {0.f, 0.f};
+  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
+    float xv[VEC], d[VEC], s[VEC];
+    load_pack<VEC>(x + p * VEC, xv);
+    load_pack<VEC>(dy + p * VEC, d);
+    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float g = d[j] * s[j];
+      acc[0] += g * (xv[j] - mean) * rstd;
+      acc[1] += g;
+    }
+  }
+  row_sum<2>(acc, smem);
+  if (valid && threadIdx.x == 0) {
+    a.out[2 * row] = acc[0];
+    a.out[2 * row + 1] = acc[1];
+  }
+}
+
+// Threads per row scaled with the row's packs; several rows per block when narrow.
+inline ffi::Error stats_grid(const StatsArgs& a, int64_t nvec, dim3* grid, dim3* block) {
+  const int tpr = std::min(kThreads, pow2_ceil((nvec + kItems - 1) / kItems));
+  const int rpb = kThreads / tpr;
+  const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+  if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  *grid = dim3(static_cast<unsigned>(blocks));
+  *block = dim3(tpr, rpb);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+template <NormKind K, class T>
+ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x);
+  dim3 grid, block;
+  JRN_RETURN_IF_ERROR(stats_grid(a, a.shape.hidden / (vec ? kVec : 1), &grid, &block));
+  if (vec) {
+    x_stats<K, T, kVec><<<grid, block, 0, stream>>>(a);
+  } else {
+    x_stats<K, T, 1><<<grid, block, 0, stream>>>(a);
+  }
+  return check_launch("x_stats");
+}
+
+template <NormKind K, class T, class P>
+ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
+                   (!a.gamma || aligned16(a.gamma));
+  dim3 grid, block;
+  JRN_RETURN_IF_ERROR(stats_grid(a, a.shape.hidden / (vec ? kVec : 1), &grid, &block));
+  if (vec) {
+    grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
+  } else {
+    grad_stats<K, T, P, 1><<<grid, block, 0, stream>>>(a);
+  }
+  return check_launch("grad_stats");
+}
+
+#define JRN_INSTANTIATE_GRAD_STATS(K, T, P) \
+  template ffi::Error launch_grad_stats<K, T, P>(cudaStream_t, const StatsArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_GRAD_STATS)
+#define JRN_INSTANTIATE_STATS(K)                                                                \
+  template ffi::Error launch_stats<K, float>(cudaStream_t, const StatsArgs&);                   \
+  template ffi::Error launch_stats<K, __nv_bfloat16>(cudaStream_t, const StatsArgs&);           \
+  template ffi::Error launch_stats<K, __half>(cudaStream_t, const StatsArgs&);
+JRN_INSTANTIATE_STATS(NormKind::kRms)
+JRN_INSTANTIATE_STATS(NormKind::kLayer)
+
+}  // namespace jrn::cuda

@@ -1,0 +1,219 @@
+// The FFI handlers of the distributed building blocks, defined once for both
+// platforms (like JRN_DEFINE_NORM_HANDLERS, whose helpers they reuse):
+//   *_stats       x -> per-row statistics of this slice of the hidden dim
+//   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row (sum gdy*xhat, sum gdy)
+//   *_apply       (x, gamma, [beta], [mean], rstd) -> y, with given statistics
+//   *_bwd_given   the backward with given per-row (c1, c2) coefficients
+//
+// BACKEND additionally provides
+//   template <NormKind K, class T> static ffi::Error stats(CTX, const StatsArgs&);
+//   template <NormKind K, class T, class P> static ffi::Error grad_stats(CTX, const StatsArgs&);
+#pragma once
+
+#include "norm_common.h"
+
+namespace jrn {
+
+// The per-row (c1, c2) coefficients of the backward with given statistics.
+inline ffi::Error check_coef(const ffi::AnyBuffer& coef, const ffi::AnyBuffer& x) {
+  const auto dims = x.dimensions();
+  const int64_t hidden = dims.size() ? dims.back() : 0;
+  const int64_t rows = hidden > 0 ? static_cast<int64_t>(x.element_count()) / hidden : 0;
+  if (coef.element_type() != ffi::DataType::F32 || static_cast<int64_t>(coef.element_count()) != 2 * rows)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: coef must be float32 with two values per row");
+  return ffi::Error::Success();
+}
+
+inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64_t width) {
+  if (out.element_type() != ffi::DataType::F32 || static_cast<int64_t>(out.element_count()) != rows * width)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: statistics output has the wrong size");
+  return ffi::Error::Success();
+}
+
+}  // namespace jrn
+
+#define JRN_DEFINE_DIST_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                           \
+  namespace jrn_dist_##PREFIX {                                                                 \
+  using namespace ::jrn;                                                                        \
+  namespace xf = ::xla::ffi;                                                                    \
+  template <NormKind K>                                                                         \
+  xf::Error Stats(CTX_DECL xf::AnyBuffer x, xf::AnyBuffer out) {                                 \
+    StatsArgs a;                                                                                \
+    if (auto e = read_shape(x, x, false, &a.shape); e.failure()) return e;                      \
+    if (auto e = check_out_stats(out, a.shape.rows, K == NormKind::kLayer ? 2 : 1); e.failure()) \
+      return e;                                                                                 \
+    if (a.shape.rows == 0) return xf::Error::Success();                                         \
+    a.x = x.untyped_data();                                                                     \
+    a.out = static_cast<float*>(out.untyped_data());                                            \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), x.element_type(),                                                     \
+        [&]<class T, class P>() { return BACKEND::stats<K, T>(CTX a); });                       \
+  }                                                                                             \
+  template <NormKind K>                                                                         \
+  xf::Error GradStats(CTX_DECL xf::AnyBuffer dy, xf::AnyBuffer x, const xf::AnyBuffer* mean,    \
+                      xf::AnyBuffer rstd, xf::AnyBuffer gamma, xf::AnyBuffer out, bool zc,      \
+                      bool has_gamma) {                                                         \
+    StatsArgs a;                                                                                \
+    if (auto e = read_shape(x, gamma, has_gamma, &a.shape); e.failure()) return e;              \
+    if (auto e = check_same(x, dy, "dy must match x in shape and dtype"); e.failure()) return e; \
+    if (auto e = check_stats(rstd, a.shape.rows, "rstd"); e.failure()) return e;                \
+    if (mean) {                                                                                 \
+      if (auto e = check_stats(*mean, a.shape.rows, "mean"); e.failure()) return e;             \
+      a.mean = static_cast<const float*>(mean->untyped_data());                                 \
+    }                                                                                           \
+    if (auto e = check_out_stats(out, a.shape.rows, 2); e.failure()) return e;                  \
+    if (a.shape.rows == 0) return xf::Error::Success();                                         \
+    a.x = x.untyped_data();                                                                     \
+    a.dy = dy.untyped_data();                                                                   \
+    a.rstd = static_cast<const float*>(rstd.untyped_data());                                    \
+    a.gamma = has_gamma ? gamma.untyped_data() : nullptr;                                       \
+    a.zero_centered = zc;                                                                       \
+    a.out = static_cast<float*>(out.untyped_data());                                            \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), has_gamma ? gamma.element_type() : x.element_type(),                  \
+        [&]<class T, class P>() { return BACKEND::grad_stats<K, T, P>(CTX a); });               \
+  }                                                                                             \
+  template <NormKind K>                                                                         \
+  xf::Error Apply(CTX_DECL xf::AnyBuffer x, xf::AnyBuffer gamma, const xf::AnyBuffer* beta,     \
+                  xf::AnyBuffer* mean, xf::AnyBuffer rstd, xf::AnyBuffer y, bool zc,            \
+                  bool has_gamma, bool has_beta) {                                              \
+    FwdArgs a;                                                                                  \
+    if (auto e = decode_fwd(K, x, gamma, beta, y, mean, rstd, 0.f, zc, has_gamma, has_beta, &a); \
+        e.failure())                                                                            \
+      return e;                                                                                 \
+    a.given_stats = true;                                                                       \
+    if (a.shape.rows == 0) return xf::Error::Success();                                         \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
+        [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
+  }                                                                                             \
+  }                                                                                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormStats,                                                                     \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, *out);                    \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormStats,                                                                   \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, *out);                  \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormGradStats,                                                                 \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
+         ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, bool zc,       \
+         bool has_gamma) {                                                                      \
+        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kRms>(CTX dy, x, nullptr, rstd, g,  \
+                                                                    *out, zc, has_gamma);       \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormGradStats,                                                               \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
+         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g,                                   \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, bool zc, bool has_gamma) {              \
+        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kLayer>(CTX dy, x, &mean, rstd, g,  \
+                                                                      *out, zc, has_gamma);     \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormApply,                                                                     \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer rstd,  \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, bool zc, bool has_gamma) {                \
+        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kRms>(CTX x, g, nullptr, nullptr, rstd, \
+                                                                *y, zc, has_gamma, false);      \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormApply,                                                                   \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,     \
+         ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd,                                \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, bool zc, bool has_gamma, bool has_beta) { \
+        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kLayer>(CTX x, g, &b, &mean, rstd, *y,  \
+                                                                  zc, has_gamma, has_beta);     \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                                                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormBwdGiven,                                                                  \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
+         ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,                                   \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
+        if (auto e = ::jrn::check_coef(coef, x); e.failure()) return e;                         \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                               \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false,                    \
+            static_cast<const float*>(coef.untyped_data()));                                    \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormBwdGiven,                                                                \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
+         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,       \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
+         bool zc, bool has_gamma, bool has_beta) {                                              \
+        if (auto e = ::jrn::check_coef(coef, x); e.failure()) return e;                         \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                             \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta,                 \
+            static_cast<const float*>(coef.untyped_data()));                                    \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Arg<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible})
