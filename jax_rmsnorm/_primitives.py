@@ -1,7 +1,19 @@
-"""The two primitive families: normalization forward and backward.
+"""The primitive families: normalization forward, backward, and row statistics.
 
-Each primitive has, side by side, its abstract evaluation, its lowering to the
-FFI target of the platform (CPU or CUDA), and its batching rule.
+Each primitive has, side by side, its abstract evaluation, its batching rule,
+and its partitioning rule (how it runs on arrays sharded over a mesh under
+``jit``). Every primitive lowers the same way: through
+``jax.experimental.custom_partitioning`` to the FFI target of the platform
+(CPU or CUDA). On one device, and inside ``shard_map``, that is a plain call of
+the kernel; on a sharded array XLA calls the partitioning rule, which picks how
+the operands are laid out and what each device runs:
+
+* rows (leading dims) sharded: each device runs the kernel on its rows; the
+  only communication is the sum of the dgamma/dbeta partials over the mesh
+  axes that split the rows.
+* hidden dim sharded: each device computes per-row statistics of its slice
+  with a kernel, only those statistics (a few floats a row) are combined over
+  the hidden axes, and each device normalizes its own slice.
 
 Operands are passed in the layout the kernels read: ``x`` of any rank,
 normalized over its last axis, and parameters (gamma/beta) of shape
@@ -13,13 +25,18 @@ passed as an empty placeholder array with ``has_gamma``/``has_beta`` False.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from functools import partial
 
 import numpy as np
 import jax
 import jax.numpy as jnp
+from jax._src import dispatch as _dispatch  # no public hook for this yet
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _ffi
 
@@ -27,7 +44,7 @@ RMS = "rms"
 LAYER = "layer"
 
 # ---------------------------------------------------------------------------
-# helpers shared by both families
+# helpers shared by all families
 
 
 def varying_axes(aval) -> frozenset:
@@ -46,8 +63,11 @@ def _vma(*avals):
     return frozenset().union(*(varying_axes(a) for a in avals))
 
 
-def _like(aval, vma, shape=None, dtype=None):
-    """An aval of ``aval``'s kind with a new shape/dtype and the given varying axes."""
+def _like(aval, vma, shape=None, dtype=None, rows=None):
+    """An aval of ``aval``'s kind with a new shape/dtype and the given varying axes.
+
+    With a new shape, the sharding of the first ``rows`` dims (default: all but
+    the last) is kept and the other dims are unsharded."""
     kwargs = {}
     mat = getattr(aval, "manual_axis_type", None)
     if mat is not None:
@@ -57,8 +77,11 @@ def _like(aval, vma, shape=None, dtype=None):
     if shape is not None and tuple(shape) != tuple(aval.shape):
         sharding = getattr(aval, "sharding", None)
         spec = getattr(sharding, "spec", None)
-        if spec is not None and len(shape) == len(aval.shape) - 1:
-            kwargs["sharding"] = sharding.update(spec=jax.sharding.PartitionSpec(*tuple(spec)[:-1]))
+        if spec is not None:
+            keep = len(aval.shape) - 1 if rows is None else rows
+            spec = tuple(spec) + (None,) * (len(aval.shape) - len(spec))
+            kwargs["sharding"] = sharding.update(
+                spec=PartitionSpec(*spec[:keep], *([None] * (len(shape) - keep))))
     return aval.update(shape=aval.shape if shape is None else tuple(shape),
                        dtype=aval.dtype if dtype is None else dtype, **kwargs)
 
@@ -68,20 +91,8 @@ def _placeholder(dtype):
     return jnp.zeros((0,), dtype)
 
 
-def _move_to_front(arrays, dims, size):
-    """Moves each batch dim to axis 0, broadcasting unbatched arrays to ``size``."""
-    return [batching.bdim_at_front(a, d, size) for a, d in zip(arrays, dims)]
-
-
 def _batch_size(args, dims):
     return next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-
-
-def _ffi_call_lowering(target, ctx, operands, extra_outs=(), **attrs):
-    """Lowers to ``target``; ``extra_outs`` are scratch outputs dropped afterwards."""
-    ctx = ctx.replace(avals_in=ctx.avals_in[: len(operands)], avals_out=[*ctx.avals_out, *extra_outs])
-    results = jax.ffi.ffi_lowering(target)(ctx, *operands, **attrs)
-    return results[: len(results) - len(extra_outs)]
 
 
 def _no_cuda_lowering(ctx, *args, **params):
@@ -91,78 +102,156 @@ def _no_cuda_lowering(ctx, *args, **params):
         "or run the computation on the CPU.")
 
 
-def _register_lowering(prim, rule):
-    mlir.register_lowering(prim, lambda ctx, *a, **p: rule(ctx, *a, platform="cpu", **p), platform="cpu")
-    if _ffi.cuda_built():
-        mlir.register_lowering(prim, lambda ctx, *a, **p: rule(ctx, *a, platform="cuda", **p),
-                               platform="cuda")
-    else:
-        mlir.register_lowering(prim, _no_cuda_lowering, platform="cuda")
+# Operand/result roles, which say how each array is laid out and sharded:
+X = "x"   # (rows..., hidden): x, dy, y, dx
+R = "r"   # (rows...): mean, rstd
+C = "c"   # (rows..., 2): pairs of per-row statistics
+P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
+E = "e"   # (0,): an absent parameter's placeholder
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Everything about one primitive call that is not an array."""
+    prim: str
+    params: tuple  # sorted (name, value) pairs of the primitive's params
+    platform: str
+
+    def __getattr__(self, name):
+        for k, v in self.params:
+            if k == name:
+                return v
+        raise AttributeError(name)
+
+
+def _call(target, outs, *operands, **attrs):
+    """One FFI call; ``outs`` are (shape, dtype) pairs."""
+    return jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(tuple(s), d) for s, d in outs])(
+        *operands, **attrs)
+
+
+def _param_roles(operands, has):
+    return [P if keep else E for keep in has][: len(operands)]
 
 
 # ---------------------------------------------------------------------------
 # forward: (x, gamma[, beta]) -> (y[, mean], rstd)
+#      or, with given_stats: (x, gamma[, beta][, mean], rstd) -> (y,)
 
 norm_fwd_p = Primitive("jax_rmsnorm_fwd")
 norm_fwd_p.multiple_results = True
 
 
-def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_beta):
-    """Binds the forward primitive; returns ``(y, mean, rstd)`` (``mean`` None for RMS)."""
+def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_beta,
+             mean=None, rstd=None):
+    """Binds the forward primitive; returns ``(y, mean, rstd)`` (``mean`` None for RMS).
+
+    With ``rstd`` (and ``mean`` for LayerNorm) given, normalizes with those
+    statistics and returns them unchanged."""
     params = dict(kind=kind, eps=float(eps), zero_centered_gamma=bool(zero_centered_gamma),
-                  has_gamma=bool(has_gamma), has_beta=bool(has_beta))
-    if kind == RMS:
-        y, rstd = norm_fwd_p.bind(x, gamma, **params)
-        return y, None, rstd
-    return tuple(norm_fwd_p.bind(x, gamma, beta, **params))
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta), given_stats=rstd is not None)
+    ps = [gamma] if kind == RMS else [gamma, beta]
+    if rstd is not None:
+        stats = [rstd] if kind == RMS else [mean, rstd]
+        (y,) = norm_fwd_p.bind(x, *ps, *stats, **params)
+        return y, mean, rstd
+    outs = norm_fwd_p.bind(x, *ps, **params)
+    return (outs[0], None, outs[1]) if kind == RMS else tuple(outs)
 
 
-def _fwd_abstract(x, *params_avals, kind, **_):
-    vma = _vma(x, *params_avals)
+def _fwd_roles(kind, has_gamma, has_beta, given_stats, **_):
+    params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
+    stats = [R] if kind == RMS else [R, R]
+    operands = [X, *params, *(stats if given_stats else [])]
+    return operands, [X] if given_stats else [X, *stats]
+
+
+def _fwd_abstract(x, *rest, kind, given_stats, **_):
+    vma = _vma(x, *rest)
     y = _like(x, vma)
+    if given_stats:
+        return [y]
     stat = _like(x, vma, shape=x.shape[:-1], dtype=np.float32)
     return [y, stat] if kind == RMS else [y, stat, stat]
 
 
-def _fwd_lowering(ctx, *operands, kind, eps, zero_centered_gamma, has_gamma, has_beta, platform):
-    del platform  # the FFI target of the platform being lowered for is picked by XLA
-    attrs = dict(eps=np.float32(eps), zero_centered_gamma=zero_centered_gamma, has_gamma=has_gamma)
+def _fwd_local(st, x, *rest):
+    """The forward on one device's arrays (the whole row present)."""
+    attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
+    stat = (x.shape[:-1], np.float32)
+    if st.kind == LAYER:
+        attrs["has_beta"] = st.has_beta
+    if st.given_stats:
+        target = "jrn_rms_norm_apply" if st.kind == RMS else "jrn_layer_norm_apply"
+        return _call(target, [(x.shape, x.dtype)], x, *rest, **attrs)
+    target = "jrn_rms_norm_fwd" if st.kind == RMS else "jrn_layer_norm_fwd"
+    n_stats = 1 if st.kind == RMS else 2
+    return _call(target, [(x.shape, x.dtype)] + [stat] * n_stats, x, *rest,
+                 eps=np.float32(st.eps), **attrs)
+
+
+def combine_stats(kind, stats, axes, hidden, slice_len, eps):
+    """(mean or None, rstd) of whole rows from per-slice statistics (as
+    :func:`norm_stats` returns them) of the ``slice_len``-wide slices held by
+    the devices along mesh ``axes``."""
     if kind == RMS:
-        return _ffi_call_lowering("jrn_rms_norm_fwd", ctx, operands, **attrs)
-    return _ffi_call_lowering("jrn_layer_norm_fwd", ctx, operands, has_beta=has_beta, **attrs)
+        ss = jax.lax.psum(stats, axes) if axes else stats
+        return None, jax.lax.rsqrt(ss / hidden + eps)
+    gathered = jax.lax.all_gather(stats, axes) if axes else stats[None]
+    mean, m2 = merge_layer_stats(gathered, slice_len)
+    return mean, jax.lax.rsqrt(m2 / hidden + eps)
 
 
-def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
-    x, *ps = args
-    bx, *bps = dims
-    full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
-    if all(b is None for b in bps):
+def merge_layer_stats(gathered, slice_len):
+    """Merges per-slice (mean, m2) pairs of equal ``slice_len``-wide slices,
+    stacked on axis 0, into the whole row's (mean, m2): the exact
+    parallel-variance formula, with no cancellation."""
+    means, m2s = gathered[..., 0], gathered[..., 1]
+    mean = jnp.mean(means, axis=0)
+    return mean, jnp.sum(m2s, axis=0) + jnp.sum(jnp.square(means - mean), axis=0) * slice_len
+
+
+def _fwd_sharded(st, axes, hidden, x, *rest):
+    """The forward on one device's slice of the hidden dim (split over ``axes``)."""
+    if st.given_stats:
+        return _fwd_local(st, x, *rest)
+    mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, x), axes, hidden, x.shape[-1], st.eps)
+    (y,) = _fwd_local(_with(st, given_stats=True), x, *rest, *([rstd] if st.kind == RMS else [mean, rstd]))
+    return [y, rstd] if st.kind == RMS else [y, mean, rstd]
+
+
+def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, given_stats, **params):
+    full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, given_stats=given_stats, **params)
+    n_params = 1 if kind == RMS else 2
+    x, ps, stats = args[0], list(args[1:1 + n_params]), list(args[1 + n_params:])
+    bx, bps = dims[0], dims[1:1 + n_params]
+    if not given_stats and all(b is None for b in bps):
         # Shared parameters: the batch axis is one more row axis, unless it is last.
         if bx == x.ndim - 1:
             x, bx = jnp.moveaxis(x, bx, 0), 0
         outs = norm_fwd_p.bind(x, *ps, **full)
         return outs, [bx] * len(outs)
-    # Per-example parameters: batch axis first everywhere, parameters become groups.
+    return _batch_front(norm_fwd_p, args, dims, _fwd_roles(**full)[0], full)
+
+
+def _batch_front(prim, args, dims, roles, params):
+    """Batching by moving the batch axis to the front of every operand: rows
+    operands are broadcast to it; present parameters too, which makes them
+    parameter groups (one per example); placeholders stay as they are."""
     size = _batch_size(args, dims)
-    x = batching.bdim_at_front(x, bx, size)
-    present = [has_gamma, has_beta][: len(ps)]
-    ps = [batching.bdim_at_front(p, b, size) if keep else p for p, b, keep in zip(ps, bps, present)]
-    outs = norm_fwd_p.bind(x, *ps, **full)
+    moved = [a if role == E else batching.bdim_at_front(a, d, size)
+             for a, d, role in zip(args, dims, roles)]
+    outs = prim.bind(*moved, **params)
     return outs, [0] * len(outs)
 
 
-norm_fwd_p.def_impl(lambda *args, **params: jax.jit(
-    lambda *a: norm_fwd_p.bind(*a, **params))(*args))
-norm_fwd_p.def_abstract_eval(_fwd_abstract)
-_register_lowering(norm_fwd_p, _fwd_lowering)
-batching.primitive_batchers[norm_fwd_p] = _fwd_batch
-
-
 # ---------------------------------------------------------------------------
-# backward: (dy, x[, mean], rstd, gamma, beta) -> (dx, dgamma[, dbeta])
+# backward: (dy, x[, mean], rstd, gamma[, beta][, coef]) -> (dx, dgamma[, dbeta])
 #
 # ``beta`` is an operand for its shape and dtype only (dbeta is shaped like it);
-# the kernels never read it. For RMSNorm it is absent.
+# the kernels never read it. For RMSNorm it is absent. ``coef`` (has_coef) holds
+# the per-row (mean(gdy * xhat), mean(gdy)) of whole rows, for a device that
+# holds a slice of the hidden dim.
 
 norm_bwd_p = Primitive("jax_rmsnorm_bwd")
 norm_bwd_p.multiple_results = True
@@ -173,23 +262,29 @@ _SLOT_FLOATS = 1 << 24
 _MAX_SLOTS = 4096
 
 
-def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta):
+def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta,
+             coef=None):
     """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS)."""
     params = dict(kind=kind, zero_centered_gamma=bool(zero_centered_gamma),
-                  has_gamma=bool(has_gamma), has_beta=bool(has_beta))
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta), has_coef=coef is not None)
+    extra = [] if coef is None else [coef]
     if kind == RMS:
-        dx, dgamma = norm_bwd_p.bind(dy, x, rstd, gamma, **params)
+        dx, dgamma = norm_bwd_p.bind(dy, x, rstd, gamma, *extra, **params)
         return dx, dgamma, None
-    return tuple(norm_bwd_p.bind(dy, x, mean, rstd, gamma, beta, **params))
+    return tuple(norm_bwd_p.bind(dy, x, mean, rstd, gamma, beta, *extra, **params))
 
 
-def _bwd_abstract(dy, x, *rest, kind, **_):
+def _bwd_roles(kind, has_gamma, has_beta, has_coef, **_):
+    stats = [R] if kind == RMS else [R, R]
+    params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
+    operands = [X, X, *stats, *params, *([C] if has_coef else [])]
+    return operands, [X, *params]
+
+
+def _bwd_abstract(dy, x, *rest, kind, has_coef, **_):
     vma = _vma(dy, x, *rest)
-    gamma = rest[-1] if kind == RMS else rest[-2]
-    outs = [_like(x, vma), _like(gamma, vma)]
-    if kind == LAYER:
-        outs.append(_like(rest[-1], vma))
-    return outs
+    ps = rest[:len(rest) - int(has_coef)][-(1 if kind == RMS else 2):]
+    return [_like(x, vma)] + [_like(p, vma) for p in ps]
 
 
 def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
@@ -200,44 +295,276 @@ def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
     return max(1, min(slots, rows_per_group))
 
 
-def _bwd_lowering(ctx, *operands, kind, zero_centered_gamma, has_gamma, has_beta, platform):
-    x_aval = ctx.avals_in[1]
-    param_aval = ctx.avals_out[1] if has_gamma or kind == RMS else ctx.avals_out[2]
-    hidden = x_aval.shape[-1]
-    outputs = int(has_gamma) + int(kind == LAYER and has_beta)
+def _bwd_local(st, dy, x, *rest):
+    """The backward on one device's arrays; ``coef`` (if any) is the last operand."""
+    n_stats = 1 if st.kind == RMS else 2
+    stats = rest[:n_stats]
+    ps = rest[n_stats:n_stats + (1 if st.kind == RMS else 2)]
+    coef = list(rest[n_stats + len(ps):])
+    gamma = ps[0]
+    param_outs = [(p.shape, p.dtype) for p in ps]
+    hidden = x.shape[-1]
+    outputs = int(st.has_gamma) + int(st.kind == LAYER and st.has_beta)
     n_floats = 0
-    if platform == "cuda" and outputs:
-        groups = math.prod(param_aval.shape[:-1])
-        rows = math.prod(x_aval.shape[:-1])
+    if st.platform == "cuda" and outputs and x.size:
+        shaped = ps[0] if st.has_gamma or st.kind == RMS else ps[1]
+        groups = math.prod(shaped.shape[:-1])
+        rows = math.prod(x.shape[:-1])
         n_floats = groups * outputs * hidden * cuda_slots(rows // max(groups, 1), hidden, outputs)
-    workspace = jax.core.ShapedArray((n_floats,), np.float32)
-    attrs = dict(zero_centered_gamma=zero_centered_gamma, has_gamma=has_gamma)
-    if kind == RMS:
-        return _ffi_call_lowering("jrn_rms_norm_bwd", ctx, operands, [workspace], **attrs)
-    # beta's operand only shapes dbeta: the kernel does not take it.
-    return _ffi_call_lowering("jrn_layer_norm_bwd", ctx, operands[:-1], [workspace],
-                              has_beta=has_beta, **attrs)
+    attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
+    if st.kind == LAYER:
+        attrs["has_beta"] = st.has_beta
+    base = "jrn_rms_norm_bwd" if st.kind == RMS else "jrn_layer_norm_bwd"
+    target = base + ("_given" if st.has_coef else "")
+    outs = _call(target, [(x.shape, x.dtype), *param_outs, ((n_floats,), np.float32)],
+                 dy, x, *stats, gamma, *coef, **attrs)
+    return outs[:-1]  # the workspace is scratch
 
 
-def _bwd_batch(args, dims, *, kind, has_gamma, has_beta, **params):
-    n_rows = 4 if kind == LAYER else 3  # dy, x, [mean,] rstd
-    rows, ps = list(args[:n_rows]), list(args[n_rows:])
-    full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, **params)
-    size = _batch_size(args, dims)
-    # Batch axis first everywhere. dgamma/dbeta are per example, so present
-    # parameters become groups along the batch axis; absent ones stay
-    # placeholders with unbatched outputs.
-    rows = _move_to_front(rows, dims[:n_rows], size)
-    present = [has_gamma, has_beta][: len(ps)]
-    ps = [batching.bdim_at_front(p, b, size) if keep else p
-          for p, b, keep in zip(ps, dims[n_rows:], present)]
-    outs = norm_bwd_p.bind(*rows, *ps, **full)
-    out_dims = [0] + [0 if keep else None for keep in present]
-    return outs, out_dims
+def _bwd_sharded(st, axes, hidden, dy, x, *rest):
+    """The backward on one device's slice of the hidden dim: the row sums it
+    needs are combined over ``axes`` first."""
+    if st.has_coef:
+        return _bwd_local(st, dy, x, *rest)
+    n_stats = 1 if st.kind == RMS else 2
+    stats, ps = rest[:n_stats], rest[n_stats:]
+    mean = stats[0] if st.kind == LAYER else None
+    sums = _grad_stats_kernel(st, dy, x, mean, stats[-1], ps[0])
+    coef = jax.lax.psum(sums, axes) / hidden
+    return _bwd_local(_with(st, has_coef=True), dy, x, *rest, coef)
 
 
-norm_bwd_p.def_impl(lambda *args, **params: jax.jit(
-    lambda *a: norm_bwd_p.bind(*a, **params))(*args))
-norm_bwd_p.def_abstract_eval(_bwd_abstract)
-_register_lowering(norm_bwd_p, _bwd_lowering)
-batching.primitive_batchers[norm_bwd_p] = _bwd_batch
+def _bwd_batch(args, dims, **params):
+    return _batch_front(norm_bwd_p, args, dims, _bwd_roles(**params)[0], params)
+
+
+# ---------------------------------------------------------------------------
+# row statistics of x:    x -> sum(x^2) (RMS) or (mean, sum((x - mean)^2)) (Layer)
+# row statistics of dy:   (dy, x[, mean], rstd, gamma) -> (sum(gdy * xhat), sum(gdy))
+
+norm_stats_p = Primitive("jax_rmsnorm_stats")
+norm_stats_p.multiple_results = True
+
+
+def norm_stats(x, *, kind):
+    """Per-row statistics of ``x`` over its last axis (see the section title)."""
+    return norm_stats_p.bind(x, kind=kind, grad=False, zero_centered_gamma=False, has_gamma=False)[0]
+
+
+def norm_grad_stats(dy, x, mean, rstd, gamma, *, kind, zero_centered_gamma, has_gamma):
+    """Per-row ``(sum(gdy * xhat), sum(gdy))``, float32 ``x.shape[:-1] + (2,)``."""
+    stats = [rstd] if kind == RMS else [mean, rstd]
+    return norm_stats_p.bind(dy, x, *stats, gamma, kind=kind, grad=True,
+                             zero_centered_gamma=bool(zero_centered_gamma), has_gamma=bool(has_gamma))[0]
+
+
+def _stats_roles(kind, grad, has_gamma, **_):
+    if not grad:
+        return [X], [R if kind == RMS else C]
+    return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [C]
+
+
+def _stats_abstract(*args, kind, grad, **_):
+    x = args[1] if grad else args[0]
+    pair = grad or kind == LAYER
+    shape = x.shape[:-1] + ((2,) if pair else ())
+    return [_like(x, _vma(*args), shape=shape, dtype=np.float32, rows=x.ndim - 1)]
+
+
+def _stats_kernel(kind, x):
+    shape = x.shape[:-1] + ((2,) if kind == LAYER else ())
+    target = "jrn_rms_norm_stats" if kind == RMS else "jrn_layer_norm_stats"
+    return _call(target, [(shape, np.float32)], x)[0]
+
+
+def _grad_stats_kernel(st, dy, x, mean, rstd, gamma):
+    stats = [rstd] if st.kind == RMS else [mean, rstd]
+    target = "jrn_rms_norm_grad_stats" if st.kind == RMS else "jrn_layer_norm_grad_stats"
+    return _call(target, [(x.shape[:-1] + (2,), np.float32)], dy, x, *stats, gamma,
+                 zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)[0]
+
+
+def _stats_local(st, *args):
+    if not st.grad:
+        return [_stats_kernel(st.kind, args[0])]
+    dy, x, *rest = args
+    mean = rest[0] if st.kind == LAYER else None
+    return [_grad_stats_kernel(st, dy, x, mean, rest[-2], rest[-1])]
+
+
+def _stats_sharded(st, axes, hidden, *args):
+    """Statistics of whole rows from a slice of the hidden dim: sums are added
+    over ``axes``; LayerNorm's (mean, m2) pairs are gathered and merged."""
+    (local,) = _stats_local(st, *args)
+    if st.grad or st.kind == RMS:
+        return [jax.lax.psum(local, axes)]
+    mean, m2 = merge_layer_stats(jax.lax.all_gather(local, axes), args[0].shape[-1])
+    return [jnp.stack([mean, m2], axis=-1)]
+
+
+def _stats_batch(args, dims, **params):
+    return _batch_front(norm_stats_p, args, dims, _stats_roles(**params)[0], params)
+
+
+# ---------------------------------------------------------------------------
+# partitioning: one rule for all three families, driven by the roles above
+
+
+_FAMILIES = {
+    "fwd": (_fwd_roles, _fwd_local, _fwd_sharded),
+    "bwd": (_bwd_roles, _bwd_local, _bwd_sharded),
+    "stats": (_stats_roles, _stats_local, _stats_sharded),
+}
+
+
+def _with(st, **changes):
+    params = dict(st.params)
+    params.update(changes)
+    return _Static(st.prim, tuple(sorted(params.items())), st.platform)
+
+
+def _axes_of(entry):
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def _spec_of(shape_info):
+    sharding = getattr(shape_info, "sharding", None)
+    spec = tuple(getattr(sharding, "spec", ()) or ())
+    return spec + (None,) * (len(shape_info.shape) - len(spec))
+
+
+def _layout(st, mesh, arg_infos):
+    """How to shard one call: (row entries, hidden entry, operand and result
+    shardings). Takes the row and hidden sharding of the first (rows, hidden)
+    operand; a dim is sharded only where its size divides evenly."""
+    roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
+    first = arg_infos[roles_in.index(X)]
+    spec = _spec_of(first)
+
+    def fits(entry, size):
+        n = math.prod(mesh.shape[a] for a in _axes_of(entry))
+        return entry if entry is not None and size % n == 0 else None
+
+    rows = tuple(fits(e, n) for e, n in zip(spec[:-1], first.shape[:-1]))
+    hidden = fits(spec[-1], first.shape[-1])
+
+    def spec_for(role, info_shape):
+        if role == X:
+            return PartitionSpec(*rows, hidden)
+        if role == R:
+            return PartitionSpec(*rows)
+        if role == C:
+            return PartitionSpec(*rows, None)
+        if role == P:
+            return PartitionSpec(*rows[:len(info_shape) - 1], hidden)
+        return PartitionSpec(None)
+
+    ins = [NamedSharding(mesh, spec_for(r, a.shape)) for r, a in zip(roles_in, arg_infos)]
+    # Parameter results are shaped like the parameter operands.
+    param_shapes = [a.shape for r, a in zip(roles_in, arg_infos) if r in (P, E)]
+    out_shapes, k = [], 0
+    for r in roles_out:
+        if r in (P, E):
+            out_shapes.append(param_shapes[k])
+            k += 1
+        else:
+            out_shapes.append(None)
+    outs = [NamedSharding(mesh, spec_for(r, s if s is not None else first.shape))
+            for r, s in zip(roles_out, out_shapes)]
+    return rows, hidden, ins, outs
+
+
+def _partition(st, mesh, arg_infos, result_infos):
+    _, local, sharded = _FAMILIES[st.prim]
+    rows, hidden, ins, outs = _layout(st, mesh, arg_infos)
+    roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
+    hidden_axes = _axes_of(hidden)
+    full_hidden = arg_infos[roles_in.index(X)].shape[-1]
+    # dgamma/dbeta are sums over rows: add the partials of the devices that
+    # split the rows (not those that split the parameter groups).
+    n_groups = [len(a.shape) - 1 for r, a in zip(roles_in, arg_infos) if r == P]
+    group_dims = n_groups[0] if n_groups else 0
+    row_axes = tuple(a for e in rows[group_dims:] for a in _axes_of(e))
+
+    def lower(*args):
+        if hidden_axes:
+            results = sharded(st, hidden_axes, full_hidden, *args)
+        else:
+            results = local(st, *args)
+        results = list(results)
+        for i, r in enumerate(roles_out):
+            if r == P and row_axes and st.prim == "bwd":
+                results[i] = jax.lax.psum(results[i], row_axes)
+        return results
+
+    return mesh, lower, outs, tuple(ins)
+
+
+def _infer(st, mesh, arg_infos, result_infos):
+    return _layout(st, mesh, arg_infos)[3]
+
+
+def _sharding_rule(st, mesh, operand_types, result_types):
+    """The einsum-like rule Shardy propagates shardings with: rows dims r0..,
+    the hidden dim h, the pair dim c, and a factor of its own per placeholder."""
+    from jax._src.lib.mlir import ir
+
+    roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
+    ranks_in = [len(ir.RankedTensorType(t).shape) for t in operand_types]
+    ranks_out = [len(ir.RankedTensorType(t).shape) for t in result_types]
+    n_rows = ranks_in[roles_in.index(X)] - 1
+    rows = [f"r{i}" for i in range(n_rows)]
+    fresh = iter(range(1 << 20))
+
+    def factors(role, rank):
+        if role == X:
+            return rows + ["h"]
+        if role == R:
+            return list(rows)
+        if role == C:
+            return rows + ["c"]
+        if role == P:
+            return rows[:rank - 1] + ["h"]
+        return [f"e{next(fresh)}"]
+
+    side = lambda roles, ranks: ", ".join(" ".join(factors(r, n)) for r, n in zip(roles, ranks))
+    return f"{side(roles_in, ranks_in)} -> {side(roles_out, ranks_out)}"
+
+
+def _make_partitioned(prim_name):
+    _, local, _ = _FAMILIES[prim_name]
+
+    def body(st, *args):
+        return local(st, *args)
+
+    fn = custom_partitioning(body, static_argnums=(0,))
+    fn.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
+                     sharding_rule=_sharding_rule)
+    return fn
+
+
+def _register(prim, family, abstract, batch):
+    partitioned = _make_partitioned(family)
+
+    def lowering(platform):
+        def rule(ctx, *args, **params):
+            st = _Static(family, tuple(sorted(params.items())), platform)
+            return mlir.lower_fun(partial(partitioned, st), multiple_results=True)(ctx, *args)
+        return rule
+
+    prim.def_impl(lambda *args, **params: jax.jit(lambda *a: prim.bind(*a, **params))(*args))
+    # custom_partitioning needs the device assignment while lowering; JAX
+    # provides it for jaxprs holding primitives in this set.
+    _dispatch.prim_requires_devices_during_lowering.add(prim)
+    prim.def_abstract_eval(abstract)
+    batching.primitive_batchers[prim] = batch
+    mlir.register_lowering(prim, lowering("cpu"), platform="cpu")
+    mlir.register_lowering(prim, lowering("cuda") if _ffi.cuda_built() else _no_cuda_lowering,
+                           platform="cuda")
+
+
+_register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)
+_register(norm_bwd_p, "bwd", _bwd_abstract, _bwd_batch)
+_register(norm_stats_p, "stats", _stats_abstract, _stats_batch)
