@@ -1,16 +1,22 @@
 """jax_rmsnorm: RMSNorm and LayerNorm for JAX as XLA FFI custom calls.
 
 CUDA kernels on NVIDIA GPUs and C++ kernels on the CPU, forward and backward,
-under ``jit``, ``grad``, ``vmap`` and ``checkpoint``. See the README for the API.
+under ``jit``, ``grad``, ``vmap`` and ``checkpoint``, partitioned over a mesh
+under sharded ``jit`` and usable inside ``shard_map``. See the README for the API.
 """
 
 from ._api import (
+    all_reduce_rms_norm,
     layer_norm,
+    layer_norm_apply,
+    layer_norm_stats,
     layer_norm_bwd,
     layer_norm_fwd,
     rms_norm,
     rms_norm_bwd,
+    rms_norm_apply,
     rms_norm_fwd,
+    rms_norm_stats,
 )
 from ._ffi import cuda_built, export_checks
 
@@ -23,6 +29,11 @@ __all__ = [
     "rms_norm_bwd",
     "layer_norm_fwd",
     "layer_norm_bwd",
+    "rms_norm_stats",
+    "rms_norm_apply",
+    "layer_norm_stats",
+    "layer_norm_apply",
+    "all_reduce_rms_norm",
     "cuda_built",
     "export_checks",
 ]

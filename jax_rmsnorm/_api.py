@@ -11,7 +11,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._primitives import LAYER, RMS, _placeholder, norm_bwd, norm_fwd, varying_axes
+from ._primitives import (LAYER, RMS, _placeholder, combine_stats, merge_layer_stats, norm_bwd,
+                          norm_fwd, norm_grad_stats, norm_stats, varying_axes)
 
 Array = jax.Array
 
@@ -107,19 +108,21 @@ def _param_dtype(x, gamma, beta):
     return x.dtype if p is None else p.dtype
 
 
-def _forward(x, gamma, beta, cfg: _Config):
-    """(y, mean or None, rstd) from the forward kernel."""
+def _forward(x, gamma, beta, cfg: _Config, mean=None, rstd=None):
+    """(y, mean or None, rstd) from the forward kernel; with ``rstd`` (and
+    ``mean``) given, normalizes with them."""
     if x.size == 0:
-        stat = jnp.zeros(x.shape[:-1], jnp.float32)
-        return x, (stat if cfg.kind == LAYER else None), stat
+        stat = jnp.zeros(x.shape[:-1], jnp.float32) if rstd is None else rstd
+        return x, ((stat if mean is None else mean) if cfg.kind == LAYER else None), stat
     ph = _placeholder(_param_dtype(x, gamma, beta))
     return norm_fwd(x, ph if gamma is None else gamma, ph if beta is None else beta,
                     kind=cfg.kind, eps=cfg.eps, zero_centered_gamma=cfg.zero_centered_gamma,
-                    has_gamma=gamma is not None, has_beta=beta is not None)
+                    has_gamma=gamma is not None, has_beta=beta is not None, mean=mean, rstd=rstd)
 
 
-def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config):
-    """(dx, dgamma or None, dbeta or None) from the backward kernel."""
+def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config, coef=None):
+    """(dx, dgamma or None, dbeta or None) from the backward kernel; ``coef``:
+    the per-row (mean(gdy * xhat), mean(gdy)) of whole rows, if given."""
     if x.size == 0:
         zeros = lambda p: None if p is None else jnp.zeros_like(p)
         return jnp.zeros_like(x), zeros(gamma), zeros(beta)
@@ -127,8 +130,17 @@ def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config):
     dx, dgamma, dbeta = norm_bwd(dy, x, mean, rstd, ph if gamma is None else gamma,
                                  ph if beta is None else beta, kind=cfg.kind,
                                  zero_centered_gamma=cfg.zero_centered_gamma,
-                                 has_gamma=gamma is not None, has_beta=beta is not None)
+                                 has_gamma=gamma is not None, has_beta=beta is not None, coef=coef)
     return dx, (dgamma if gamma is not None else None), (dbeta if beta is not None else None)
+
+
+def _grad_sums(dy, x, mean, rstd, gamma, cfg: _Config):
+    """Per-row (sum(gdy * xhat), sum(gdy)), float32 ``x.shape[:-1] + (2,)``."""
+    if x.size == 0:
+        return jnp.zeros(x.shape[:-1] + (2,), jnp.float32)
+    ph = _placeholder(x.dtype)
+    return norm_grad_stats(dy, x, mean, rstd, ph if gamma is None else gamma, kind=cfg.kind,
+                           zero_centered_gamma=cfg.zero_centered_gamma, has_gamma=gamma is not None)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -160,12 +172,116 @@ def _sum_to_primal_vma(ct, primal):
 _normalize.defvjp(_normalize_fwd, _normalize_bwd)
 
 
+# The hidden dim split over mesh axes inside shard_map: statistics of whole
+# rows are combined over those axes (a few floats a row), never activations.
+
+
+def _axes_tuple(axis_name):
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _full_hidden(x, axes):
+    return x.shape[-1] * math.prod(jax.lax.axis_size(a) for a in axes)
+
+
+def _sliced_forward(x, gamma, beta, cfg, axes):
+    stats = _slice_stats(x, cfg.kind)
+    mean, rstd = combine_stats(cfg.kind, stats, axes, _full_hidden(x, axes), x.shape[-1], cfg.eps)
+    y, _, _ = _forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)
+    return y, mean, rstd
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _normalize_sliced(x, gamma, beta, cfg, axes):
+    return _sliced_forward(x, gamma, beta, cfg, axes)[0]
+
+
+def _normalize_sliced_fwd(x, gamma, beta, cfg, axes):
+    y, mean, rstd = _sliced_forward(x, gamma, beta, cfg, axes)
+    return y, (x, gamma, beta, mean, rstd)
+
+
+def _normalize_sliced_bwd(cfg, axes, res, dy):
+    x, gamma, beta, mean, rstd = res
+    coef = jax.lax.psum(_grad_sums(dy, x, mean, rstd, gamma, cfg), axes) / _full_hidden(x, axes)
+    grads = _backward(dy, x, mean, rstd, gamma, beta, cfg, coef=coef)
+    return tuple(_sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta)))
+
+
+_normalize_sliced.defvjp(_normalize_sliced_fwd, _normalize_sliced_bwd)
+
+
+def _dispatch(x, gamma, beta, cfg, axis_name):
+    if axis_name is None:
+        return _normalize(x, gamma, beta, cfg)
+    return _normalize_sliced(x, gamma, beta, cfg, _axes_tuple(axis_name))
+
+
+# Statistics of a slice, and normalization with given statistics, as
+# differentiable building blocks.
+
+
+def _slice_stats(x, kind):
+    if x.size == 0:
+        return jnp.zeros(x.shape[:-1] + ((2,) if kind == LAYER else ()), jnp.float32)
+    return norm_stats(x, kind=kind)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _stats(x, kind):
+    return _slice_stats(x, kind)
+
+
+def _stats_fwd(x, kind):
+    stats = _slice_stats(x, kind)
+    return stats, (x, stats)
+
+
+def _stats_bwd(kind, res, ct):
+    x, stats = res
+    xf = x.astype(jnp.float32)
+    if kind == RMS:  # d sum(x^2) = 2 x
+        return ((2.0 * xf * ct[..., None]).astype(x.dtype),)
+    # d mean = 1/n; d m2 = 2 (x - mean) (the mean's own variation sums to zero)
+    n = x.shape[-1]
+    dx = ct[..., :1] / n + 2.0 * (xf - stats[..., :1]) * ct[..., 1:]
+    return (dx.astype(x.dtype),)
+
+
+_stats.defvjp(_stats_fwd, _stats_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _apply(x, gamma, beta, mean, rstd, cfg):
+    return _forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)[0]
+
+
+def _apply_fwd(x, gamma, beta, mean, rstd, cfg):
+    return _apply(x, gamma, beta, mean, rstd, cfg), (x, gamma, beta, mean, rstd)
+
+
+def _apply_bwd(cfg, res, dy):
+    x, gamma, beta, mean, rstd = res
+    layer = cfg.kind == LAYER
+    # With mean and rstd held fixed: dx = rstd * gdy, i.e. the backward with
+    # zero row coefficients; their own gradients from the row sums of gdy.
+    zero = jnp.zeros(x.shape[:-1] + (2,), jnp.float32)
+    dx, dgamma, dbeta = _backward(dy, x, mean, rstd, gamma, beta, cfg, coef=zero)
+    sums = _grad_sums(dy, x, mean, jnp.ones_like(rstd), gamma, cfg)  # sum(gdy * (x - mean)), sum(gdy)
+    dmean = -rstd * sums[..., 1] if layer else None
+    grads = (dx, dgamma, dbeta, dmean, sums[..., 0])
+    return tuple(_sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta, mean, rstd)))
+
+
+_apply.defvjp(_apply_fwd, _apply_bwd)
+
+
 # ---------------------------------------------------------------------------
 # public API
 
 
 def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
-             zero_centered_gamma: bool = False) -> Array:
+             zero_centered_gamma: bool = False, axis_name=None) -> Array:
     """RMSNorm over the last axis: ``y = x * rsqrt(mean(x**2) + eps) * scale``.
 
     Args:
@@ -173,6 +289,11 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
       gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
       eps: added to the mean square, >= 0.
       zero_centered_gamma: scale by ``1 + gamma`` (Gemma) instead of ``gamma``.
+      axis_name: inside ``shard_map``, the mesh axis name (or tuple of names)
+        the hidden dim is split over: ``x`` and ``gamma`` are this device's
+        slices, and only per-row statistics (one float a row) are summed
+        across the devices, forward and backward. Not needed under ``jit``
+        with sharded arrays, where the partitioning is automatic.
 
     Returns:
       ``y`` with ``x``'s shape and dtype. Statistics are computed in float32.
@@ -180,11 +301,11 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
     """
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
-    return _normalize(x, gamma, None, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)))
+    return _dispatch(x, gamma, None, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axis_name)
 
 
 def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
-               eps: float = 1e-5, zero_centered_gamma: bool = False) -> Array:
+               eps: float = 1e-5, zero_centered_gamma: bool = False, axis_name=None) -> Array:
     """LayerNorm over the last axis: ``y = (x - mean) * rsqrt(var + eps) * scale + beta``.
 
     Args:
@@ -194,6 +315,9 @@ def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = 
         gamma); None for no shift.
       eps: added to the (biased) variance, >= 0.
       zero_centered_gamma: scale by ``1 + gamma`` instead of ``gamma``.
+      axis_name: inside ``shard_map``, the mesh axis name(s) the hidden dim is
+        split over (see :func:`rms_norm`); per-row (mean, m2) pairs are
+        gathered and merged exactly, two floats a row per device.
 
     Returns:
       ``y`` with ``x``'s shape and dtype. Differentiable in ``x``, ``gamma``, ``beta``.
@@ -201,7 +325,7 @@ def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = 
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
     beta = _check_param(beta, "beta", x, dtype_of=gamma)
-    return _normalize(x, gamma, beta, _Config(LAYER, _check_eps(eps), bool(zero_centered_gamma)))
+    return _dispatch(x, gamma, beta, _Config(LAYER, _check_eps(eps), bool(zero_centered_gamma)), axis_name)
 
 
 def rms_norm_fwd(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
@@ -270,3 +394,148 @@ def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optiona
     gamma = _check_param(gamma, "gamma", x)
     beta_like = jnp.zeros((x.shape[-1],), gamma.dtype if gamma is not None else x.dtype)
     return _backward(dy, x, mean, rstd, gamma, beta_like, _Config(LAYER, 0.0, bool(zero_centered_gamma)))
+
+
+# ---------------------------------------------------------------------------
+# distributed building blocks
+
+
+def _check_hidden_size(hidden_size, x):
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, (int, np.integer)):
+        raise TypeError(f"hidden_size must be an int (the whole row's length), got {hidden_size!r}")
+    if hidden_size < x.shape[-1]:
+        raise ValueError(f"hidden_size ({hidden_size}) must be at least x's slice of the hidden dim "
+                         f"({x.shape[-1]})")
+    return int(hidden_size)
+
+
+def rms_norm_stats(x: Array) -> Array:
+    """Per-row sum of squares of this slice of the hidden dim: the statistic
+    that devices holding slices of a row add up (with ``psum`` or any
+    all-reduce) before :func:`rms_norm_apply`.
+
+    Args:
+      x: ``(..., hidden_slice)``, float32, bfloat16 or float16.
+
+    Returns:
+      ``sum(x**2, axis=-1)`` in float32, shape ``x.shape[:-1]``. Differentiable.
+    """
+    return _stats(_check_x(x), RMS)
+
+
+def rms_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None, *, hidden_size: int,
+                   eps: float = 1e-6, zero_centered_gamma: bool = False) -> Array:
+    """Normalizes a slice of the hidden dim with statistics of whole rows.
+
+    Args:
+      x: ``(..., hidden_slice)``, this device's slice of the rows.
+      stats: float32 ``x.shape[:-1]``: the sum of squares over whole rows (the
+        sum of every slice's :func:`rms_norm_stats`).
+      gamma: ``(hidden_slice,)``, this slice's scale, or None.
+      hidden_size: the whole row's length (the mean square is ``stats / hidden_size``).
+
+    Returns:
+      ``x * rsqrt(stats / hidden_size + eps) * scale``, like ``x``.
+      Differentiable in ``x``, ``stats`` and ``gamma``.
+    """
+    x = _check_x(x)
+    stats = _check_stat(stats, "stats", x)
+    gamma = _check_param(gamma, "gamma", x)
+    hidden = _check_hidden_size(hidden_size, x)
+    cfg = _Config(RMS, _check_eps(eps), bool(zero_centered_gamma))
+    return _apply(x, gamma, None, None, jax.lax.rsqrt(stats / hidden + cfg.eps), cfg)
+
+
+def layer_norm_stats(x: Array) -> Array:
+    """Per-row ``(mean, m2)`` of this slice of the hidden dim, ``m2 =
+    sum((x - mean)**2)``: gather these from the devices holding slices of a
+    row (``all_gather``; two floats a row each) and pass them stacked to
+    :func:`layer_norm_apply`, which merges them exactly (no ``E[x^2] -
+    E[x]^2`` cancellation).
+
+    Returns:
+      float32 ``x.shape[:-1] + (2,)``. Differentiable.
+    """
+    return _stats(_check_x(x), LAYER)
+
+
+def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
+                     beta: Optional[Array] = None, *, hidden_size: int, eps: float = 1e-5,
+                     zero_centered_gamma: bool = False) -> Array:
+    """Normalizes a slice of the hidden dim with statistics of whole rows.
+
+    Args:
+      x: ``(..., hidden_slice)``, this device's slice of the rows.
+      stats: the slices' :func:`layer_norm_stats` stacked on a leading axis,
+        ``(n_slices,) + x.shape[:-1] + (2,)``, from ``n_slices`` equal slices
+        making up ``hidden_size``; or ``x.shape[:-1] + (2,)``: (mean, m2) of
+        whole rows.
+      gamma, beta: ``(hidden_slice,)``, this slice's parameters, or None.
+      hidden_size: the whole row's length.
+
+    Returns:
+      ``(x - mean) * rsqrt(m2 / hidden_size + eps) * scale + beta``, like ``x``.
+      Differentiable in ``x``, ``stats``, ``gamma`` and ``beta``.
+    """
+    x = _check_x(x)
+    gamma = _check_param(gamma, "gamma", x)
+    beta = _check_param(beta, "beta", x, dtype_of=gamma)
+    hidden = _check_hidden_size(hidden_size, x)
+    stats = _as_array(stats, "stats")
+    pair = x.shape[:-1] + (2,)
+    if stats.dtype != jnp.float32 or stats.shape[-len(pair):] != pair or stats.ndim not in (
+            len(pair), len(pair) + 1):
+        raise ValueError(f"stats must be float32 of shape {pair} or (n_slices,) + {pair}, "
+                         f"got {stats.shape} {_dtype_name(stats.dtype)}")
+    if stats.ndim == len(pair) + 1:
+        if stats.shape[0] * x.shape[-1] != hidden:
+            raise ValueError(f"{stats.shape[0]} slices of {x.shape[-1]} do not make up "
+                             f"hidden_size {hidden}")
+        mean, m2 = merge_layer_stats(stats, x.shape[-1])
+    else:
+        mean, m2 = stats[..., 0], stats[..., 1]
+    cfg = _Config(LAYER, _check_eps(eps), bool(zero_centered_gamma))
+    return _apply(x, gamma, beta, mean, jax.lax.rsqrt(m2 / hidden + cfg.eps), cfg)
+
+
+def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, axis_name,
+                        eps: float = 1e-6, zero_centered_gamma: bool = False,
+                        scatter: bool = False) -> Array:
+    """RMSNorm of the sum over devices of ``partial_sum`` (the output of a
+    row-parallel matmul), inside ``shard_map``.
+
+    Instead of an all-reduce followed by every device normalizing every row,
+    the rows are reduce-scattered (each device receives the sums of 1/n of
+    the rows), normalized where they land, and all-gathered: the same bytes
+    on the wire as the all-reduce, and 1/n of the normalization work each.
+
+    Args:
+      partial_sum: ``(rows, ..., hidden)``, this device's partial sum.
+      gamma: ``(hidden,)``, replicated over ``axis_name``, or None.
+      axis_name: the mesh axis (or tuple of axes) to sum over.
+      scatter: return only this device's share of the rows, ``partial_sum``'s
+        shape with the first axis divided by the axis size (sequence
+        parallelism), skipping the all-gather. The first axis must then be a
+        multiple of the axis size.
+
+    Returns:
+      ``rms_norm(psum(partial_sum, axis_name), gamma)``, or its
+      ``scatter``-ed share. Differentiable.
+    """
+    x = _check_x(partial_sum, "partial_sum")
+    gamma = _check_param(gamma, "gamma", x)
+    axes = _axes_tuple(axis_name)
+    n = math.prod(jax.lax.axis_size(a) for a in axes)
+    norm = partial(rms_norm, gamma=gamma, eps=eps, zero_centered_gamma=zero_centered_gamma)
+    if scatter:
+        if x.ndim < 2 or x.shape[0] % n:
+            raise ValueError(f"scatter=True needs partial_sum's first axis to be a multiple of the "
+                             f"axis size {n}, got shape {x.shape}")
+        return norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True))
+    rows = x.reshape(-1, x.shape[-1])
+    pad = -rows.shape[0] % n
+    if pad:  # zero rows normalize to zero rows; they are dropped below
+        rows = jnp.pad(rows, ((0, pad), (0, 0)))
+    mine = norm(jax.lax.psum_scatter(rows, axes, scatter_dimension=0, tiled=True))
+    out = jax.lax.all_gather(mine, axes, axis=0, tiled=True)
+    return out[: out.shape[0] - pad].reshape(x.shape)
