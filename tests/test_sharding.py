@@ -1,0 +1,309 @@
+"""Distributed normalization: sharded jit (Auto and Explicit meshes), the
+optimized HLO's communication, shard_map with axis_name, the stats/apply
+building blocks and all_reduce_rms_norm. Each compares against the unsharded
+result on the same platform."""
+
+import re
+from functools import partial
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jax_rmsnorm as jrn
+from reference import TOL, f64, random, ref_forward
+
+
+def _mesh(platform, data, model, axis_type=AxisType.Auto):
+    devices = jax.devices(platform)
+    if len(devices) < data * model:
+        pytest.skip(f"needs {data * model} {platform} devices, {len(devices)} visible")
+    return jax.sharding.Mesh(np.asarray(devices[: data * model]).reshape(data, model),
+                             ("data", "model"), axis_types=(axis_type,) * 2)
+
+
+def _loss(kind, zero_centered):
+    def loss(x, g, b):
+        if kind == "rms":
+            y = jrn.rms_norm(x, g, zero_centered_gamma=zero_centered)
+        else:
+            y = jrn.layer_norm(x, g, b, zero_centered_gamma=zero_centered)
+        return loss_of(y.astype(jnp.float32))
+    return loss
+
+
+def _close(got, want, dtype, scale=1.0):
+    rtol, atol = TOL[np.dtype(dtype)]
+    np.testing.assert_allclose(f64(got), f64(want), rtol=rtol, atol=atol * scale)
+
+
+LAYOUTS = {
+    # name: (mesh data, mesh model, x spec for rank-3 x (batch, seq, hidden))
+    "rows": (2, 1, P("data", None, None)),
+    "seq": (2, 1, P(None, "data", None)),
+    "hidden": (1, 2, P(None, None, "model")),
+    "rows+hidden": (2, 2, P("data", None, "model")),
+    "2x4": (2, 4, P("data", None, "model")),
+}
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_sharded_jit_matches_unsharded(platform, axis_type, layout, kind, dtype):
+    data, model, spec = LAYOUTS[layout]
+    mesh = _mesh(platform, data, model, axis_type)
+    zero_centered = kind == "rms"
+    x = random(1, (4, 6, 256), dtype, scale=2.0, offset=3.0)
+    g = random(2, (256,), jnp.float32, scale=0.5)
+    b = random(3, (256,), jnp.float32)
+    f = jax.jit(jax.value_and_grad(_loss(kind, zero_centered), (0, 1, 2)))
+    dev = jax.devices(platform)[0]
+    want = f(*jax.device_put((x, g, b), dev))
+    pspec = P(spec[-1])
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, spec))
+        gs, bs = (jax.device_put(a, NamedSharding(mesh, pspec)) for a in (g, b))
+        got = f(xs, gs, bs)
+        y = jax.jit(lambda x, g, b: jrn.layer_norm(x, g, b) if kind == "layer" else jrn.rms_norm(x, g))(
+            xs, gs, bs)
+    assert y.sharding.spec == NamedSharding(mesh, spec).spec or y.sharding.is_equivalent_to(
+        NamedSharding(mesh, spec), y.ndim)
+    ref_y = ref_forward(kind, x, g, b if kind == "layer" else None)[0]
+    _close(y, ref_y, dtype)
+    _close(got[0], want[0], jnp.float32, scale=10)
+    _close(got[1][0], want[1][0], dtype)
+    _close(got[1][1], want[1][1], jnp.float32, scale=50)
+    if kind == "layer":
+        _close(got[1][2], want[1][2], jnp.float32, scale=50)
+
+
+def _collectives(hlo):
+    """(op, element count) of every all-gather/all-reduce/all-to-all/collective-permute."""
+    out = []
+    for line in hlo.splitlines():
+        m = re.search(r"= (\(?[^=]*?\)?) (all-gather|all-reduce|all-to-all|collective-permute|"
+                      r"reduce-scatter)(-start)?\(", line)
+        if not m:
+            continue
+        count = sum(int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+                    for dims in re.findall(r"\[([\d,]*)\]", m.group(1)))
+        out.append((m.group(2), count))
+    return out
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_hidden_sharded_hlo_moves_statistics_only(axis_type, kind):
+    mesh = _mesh("cpu", 2, 4, axis_type)
+    rows, hidden = 64, 1024
+    x = random(4, (rows, hidden), jnp.float32)
+    g = random(5, (hidden,), jnp.float32)
+    f = jax.jit(jax.value_and_grad(_loss(kind, False), (0, 1, 2)))
+    with jax.set_mesh(mesh):
+        args = (jax.device_put(x, NamedSharding(mesh, P("data", "model"))),
+                jax.device_put(g, NamedSharding(mesh, P("model"))),
+                jax.device_put(g, NamedSharding(mesh, P("model"))))
+        hlo = f.lower(*args).compile().as_text()
+    comms = _collectives(hlo)
+    local_rows, local_hidden = rows // 2, hidden // 4
+    # Statistics: a few floats a row (the gathered LayerNorm pairs are 2 per
+    # row per device); dgamma/dbeta slices: the local hidden slice.
+    limit = max(2 * local_rows * 4, 2 * local_hidden + 1)
+    assert comms, "expected the all-reduce of the statistics"
+    assert all(n <= limit for _, n in comms), (comms, limit)
+    assert any(op == "all-reduce" for op, _ in comms)
+    assert "custom-call" in hlo and "jrn_" in hlo
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_rows_sharded_hlo_reduces_dgamma_only(kind):
+    mesh = _mesh("cpu", 8, 1)
+    x = random(6, (64, 512), jnp.float32)
+    g = random(7, (512,), jnp.float32)
+    f = jax.jit(jax.grad(_loss(kind, False), (0, 1, 2)))
+    args = (jax.device_put(x, NamedSharding(mesh, P("data", None))),
+            jax.device_put(g, NamedSharding(mesh, P())), jax.device_put(g, NamedSharding(mesh, P())))
+    comms = _collectives(f.lower(*args).compile().as_text())
+    assert all(op == "all-reduce" and n <= 2 * 512 for op, n in comms), comms
+    assert comms  # the dgamma partials are summed over the rows' axis
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_shard_map_axis_name(platform, kind):
+    n = 4 if platform == "cpu" else 2
+    mesh = _mesh(platform, 2 if platform == "cpu" else 1, n)
+    x = random(8, (8, 128), jnp.float32, offset=2.0)
+    g = random(9, (128,), jnp.float32)
+    b = random(10, (128,), jnp.float32)
+    dev = jax.devices(platform)[0]
+    loss = _loss(kind, False)
+    want = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(*jax.device_put((x, g, b), dev))
+
+    def local_loss(x, g, b):
+        if kind == "rms":
+            y = jrn.rms_norm(x, g, axis_name="model")
+        else:
+            y = jrn.layer_norm(x, g, b, axis_name="model")
+        return y
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("data", "model"), P("model"), P("model")),
+             out_specs=P("data", "model"))
+    def sharded_y(x, g, b):
+        return local_loss(x, g, b)
+
+    y = sharded_y(x, g, b)
+    _close(y, ref_forward(kind, x, g, b if kind == "layer" else None)[0], jnp.float32)
+
+    # Gradients through the sharded norm, against jax.grad of the same loss.
+    grads = jax.jit(jax.grad(lambda x, g, b: loss_of(sharded_y(x, g, b)), (0, 1, 2)))(x, g, b)
+    ref_grads = jax.jit(jax.grad(lambda x, g, b: loss_of(
+        jrn.rms_norm(x, g) if kind == "rms" else jrn.layer_norm(x, g, b)), (0, 1, 2)))(x, g, b)
+    for got, ref in zip(grads, ref_grads):
+        _close(got, ref, jnp.float32, scale=20)
+    assert want is not None
+
+
+def loss_of(y):
+    # Elementwise only (no constants XLA would have to partition), and not
+    # linear in y, so every element's gradient differs.
+    return jnp.sum(jnp.sin(1.3 * y) + 0.25 * y * y)
+
+
+def test_shard_map_dgamma_summed_over_data_axis():
+    mesh = _mesh("cpu", 2, 4)
+    x = random(11, (16, 64), jnp.float32)
+    g = random(12, (64,), jnp.float32)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("data", "model"), P("model")), out_specs=P("model"))
+    def dgamma(x, g):
+        return jax.grad(lambda g: jax.lax.psum(loss_of(jrn.rms_norm(x, g, axis_name="model")),
+                                               ("data", "model")))(g)
+
+    want = jax.grad(lambda g: loss_of(jrn.rms_norm(x, g)))(g)
+    _close(dgamma(x, g), want, jnp.float32, scale=20)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_stats_and_apply(platform, dtype):
+    dev = jax.devices(platform)[0]
+    x = jax.device_put(random(13, (3, 5, 96), dtype, scale=3.0, offset=5.0), dev)
+    g = jax.device_put(random(14, (96,), jnp.float32), dev)
+    b = jax.device_put(random(15, (96,), jnp.float32), dev)
+    slices = jnp.split(x, 4, axis=-1)
+    ss = jax.jit(jrn.rms_norm_stats)(x)
+    np.testing.assert_allclose(f64(ss), (f64(x) ** 2).sum(-1), rtol=1e-5)
+    st = jax.jit(jrn.layer_norm_stats)(x)
+    xf = f64(x)
+    np.testing.assert_allclose(f64(st[..., 0]), xf.mean(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f64(st[..., 1]), ((xf - xf.mean(-1, keepdims=True)) ** 2).sum(-1),
+                               rtol=1e-4)
+
+    total = sum(jrn.rms_norm_stats(s) for s in slices)
+    y = jnp.concatenate([jrn.rms_norm_apply(s, total, gs, hidden_size=96)
+                         for s, gs in zip(slices, jnp.split(g, 4))], -1)
+    _close(y, ref_forward("rms", x, g)[0], dtype)
+    gathered = jnp.stack([jrn.layer_norm_stats(s) for s in slices])
+    y = jnp.concatenate([jrn.layer_norm_apply(s, gathered, gs, bs, hidden_size=96)
+                         for s, gs, bs in zip(slices, jnp.split(g, 4), jnp.split(b, 4))], -1)
+    _close(y, ref_forward("layer", x, g, b)[0], dtype)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_stats_and_apply_gradients(platform, kind):
+    dev = jax.devices(platform)[0]
+    x, g, b = jax.device_put((random(16, (6, 64), jnp.float32, offset=1.0),
+                              random(17, (64,), jnp.float32), random(18, (64,), jnp.float32)), dev)
+
+    def composed(x, g, b):
+        xs, gs, bs = (jnp.split(a, 2, axis=-1) for a in (x, g, b))
+        if kind == "rms":
+            total = jrn.rms_norm_stats(xs[0]) + jrn.rms_norm_stats(xs[1])
+            ys = [jrn.rms_norm_apply(s, total, gg, hidden_size=64) for s, gg in zip(xs, gs)]
+        else:
+            st = jnp.stack([jrn.layer_norm_stats(s) for s in xs])
+            ys = [jrn.layer_norm_apply(s, st, gg, bb, hidden_size=64) for s, gg, bb in zip(xs, gs, bs)]
+        return loss_of(jnp.concatenate(ys, -1))
+
+    def whole(x, g, b):
+        return loss_of(jrn.rms_norm(x, g) if kind == "rms" else jrn.layer_norm(x, g, b))
+
+    got = jax.jit(jax.grad(composed, (0, 1, 2)))(x, g, b)
+    want = jax.jit(jax.grad(whole, (0, 1, 2)))(x, g, b)
+    for a, w in zip(got, want):
+        _close(a, w, jnp.float32, scale=20)
+    # vmap over the building blocks
+    vs = jax.vmap(jrn.rms_norm_stats)(x[None].repeat(2, 0))
+    np.testing.assert_allclose(f64(vs[1]), (f64(x) ** 2).sum(-1), rtol=1e-5)
+
+
+def test_stats_apply_errors():
+    x = jnp.ones((4, 8), jnp.float32)
+    with pytest.raises(ValueError, match="stats must be float32 of shape"):
+        jrn.rms_norm_apply(x, jnp.ones((5,), jnp.float32), hidden_size=16)
+    with pytest.raises(ValueError, match="hidden_size"):
+        jrn.rms_norm_apply(x, jnp.ones((4,), jnp.float32), hidden_size=4)
+    with pytest.raises(TypeError, match="hidden_size must be an int"):
+        jrn.rms_norm_apply(x, jnp.ones((4,), jnp.float32), hidden_size=16.0)
+    with pytest.raises(ValueError, match="stats must be float32"):
+        jrn.layer_norm_apply(x, jnp.ones((4, 3), jnp.float32), hidden_size=16)
+    with pytest.raises(ValueError, match="do not make up hidden_size"):
+        jrn.layer_norm_apply(x, jnp.ones((3, 4, 2), jnp.float32), hidden_size=16)
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+@pytest.mark.parametrize("rows", [8, 6])
+def test_all_reduce_rms_norm(platform, scatter, rows):
+    if scatter and rows % 2:
+        pytest.skip("scatter needs rows divisible by the axis size")
+    n = 4 if platform == "cpu" else 2
+    mesh = _mesh(platform, 1, n)
+    if scatter and rows % n:
+        pytest.skip("scatter needs rows divisible by the axis size")
+    parts = random(19, (n, rows, 3, 64), jnp.float32)
+    g = random(20, (64,), jnp.float32)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    def fused(p, g):
+        return jrn.all_reduce_rms_norm(p[0], g, axis_name="model", scatter=scatter)[None]
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    def unfused(p, g):
+        return jrn.rms_norm(jax.lax.psum(p[0], "model"), g)[None]
+
+    got, want = fused(parts, g), unfused(parts, g)
+    ref = ref_forward("rms", parts.sum(0), g)[0]
+    if scatter:
+        got = got.reshape(want.shape[1:])  # the shares, in device order, make up the rows
+        _close(got, ref, jnp.float32)
+    else:
+        for d in range(n):
+            _close(got[d], ref, jnp.float32)
+        _close(got, want, jnp.float32)
+
+    # Gradients agree with psum + rms_norm's.
+    def loss(fn):
+        return lambda p, g: loss_of(fn(p, g))
+    if not scatter:
+        ga = jax.jit(jax.grad(loss(fused), (0, 1)))(parts, g)
+        gb = jax.jit(jax.grad(loss(unfused), (0, 1)))(parts, g)
+        for a, b in zip(ga, gb):
+            _close(a, b, jnp.float32, scale=20)
+
+
+def test_all_reduce_rms_norm_errors():
+    mesh = _mesh("cpu", 1, 4)
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("model"), out_specs=P("model"))
+    def bad(p):
+        return jrn.all_reduce_rms_norm(p[0], axis_name="model", scatter=True)[None]
+
+    with pytest.raises(ValueError, match="multiple of the axis size"):
+        jax.jit(bad)(jnp.ones((4, 6, 8), jnp.float32))
