@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-extra|sanitize]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -11,6 +11,7 @@ python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), j
 for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -rs tests -k gpu 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
+    dist) python3 benchmarks/bench_dist.py 2>&1 | tee "$OUT/bench_dist.log" ;;
     bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
     bench-extra)  # other dtypes, float32 params, Gemma scale, decode-time row counts
       { python3 benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384

@@ -39,6 +39,25 @@ def main():
                 check(y, yc, tol)
                 for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, jax.devices("cpu")[0]))):
                     check(a, b, tol)
+            # distributed building blocks: slice statistics, forward with given
+            # statistics, backward with given row coefficients
+            cpu = jax.devices("cpu")[0]
+            for kind in ("rms", "layer"):
+                def split(x, g, kind=kind):
+                    xs, gs = jnp.split(x, 2, -1) if h % 2 == 0 else ([x], [g])
+                    gs = jnp.split(g, 2) if h % 2 == 0 else gs
+                    if kind == "rms":
+                        total = sum(jrn.rms_norm_stats(s) for s in xs)
+                        ys = [jrn.rms_norm_apply(s, total, gg, hidden_size=h) for s, gg in zip(xs, gs)]
+                    else:
+                        st = jnp.stack([jrn.layer_norm_stats(s) for s in xs])
+                        ys = [jrn.layer_norm_apply(s, st, gg, gg, hidden_size=h) for s, gg in zip(xs, gs)]
+                    return jnp.concatenate(ys, -1)
+                y, vjp = jax.vjp(split, x, g)
+                yc, vjpc = jax.vjp(split, jax.device_put(x, cpu), jax.device_put(g, cpu))
+                check(y, yc, tol)
+                for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
+                    check(a, b, tol)
             # per-example parameters (parameter groups) under vmap
             xs = x[: (m // 2) * 2].reshape(2, m // 2, h) if m >= 2 else x[None]
             gs = jnp.stack([g] * xs.shape[0])

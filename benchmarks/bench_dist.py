@@ -1,0 +1,118 @@
+"""Multi-device benchmark: sharded normalization and all_reduce_rms_norm.
+
+For each layout, one training step's norm (forward, then the backward of dy:
+y, dx and dgamma) of a global (rows, hidden) bf16 array, under jit with
+NamedSharding over all visible devices, ours against XLA's own partitioning of
+the jnp version, both checked against the unsharded result first:
+
+  rows    x sharded over its rows (data/sequence parallel)
+  hidden  x sharded over its hidden dim (tensor parallel over hidden)
+
+Then all_reduce_rms_norm (reduce-scatter, normalize, all-gather) against psum
+followed by the norm (ours, and the jnp one), inside shard_map, forward only
+and forward+backward.
+
+    python benchmarks/bench_dist.py                    # all devices, rows 32768, hidden 8192
+    python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jax_rmsnorm as jrn
+from bench_norm import bench, jnp_rms, rel_err
+
+
+def step(norm):
+    """y, dx, dgamma of one forward + backward."""
+    def run(x, g, dy):
+        y, vjp = jax.vjp(norm, x, g)
+        dx, dg = vjp(dy)
+        return y, dx, dg
+    return jax.jit(run)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=32768)
+    ap.add_argument("--hidden", type=int, default=8192)
+    ap.add_argument("--ar-rows", type=int, default=8192, help="rows of each device's partial sum")
+    ap.add_argument("--devices", type=int, default=0, help="how many devices (default: all)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+
+    devices = jax.devices()
+    n = args.devices or len(devices)
+    devices = devices[:n]
+    M, H = args.rows, args.hidden
+    dt = jnp.bfloat16
+    print(f"{n} x {devices[0].device_kind}, x = ({M}, {H}) {jnp.dtype(dt).name}, JAX {jax.__version__}")
+    keys = jax.random.split(jax.random.key(0), 6)
+    xs = [jax.random.normal(k, (M, H), jnp.float32).astype(dt) for k in keys[:2]]
+    dys = [jax.random.normal(k, (M, H), jnp.float32).astype(dt) for k in keys[2:4]]
+    g = (1.0 + 0.1 * jax.random.normal(keys[4], (H,), jnp.float32)).astype(dt)
+
+    ours = step(lambda x, g: jrn.rms_norm(x, g))
+    xla = step(lambda x, g: jnp_rms(x, g))
+    want = ours(xs[0], g, dys[0])  # unsharded, on one device
+
+    print("\n| layout | mesh | ours ms | XLA ms | ours vs XLA |")
+    print("|---|---|---|---|---|")
+    for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
+        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
+                                 axis_types=(AxisType.Auto,) * 2)
+        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+        sets = [(put(x, spec), put(g, P(spec[1])), put(dy, spec)) for x, dy in zip(xs, dys)]
+        times = {}
+        for name, fn in (("ours", ours), ("xla", xla)):
+            got = fn(*sets[0])
+            errs = [rel_err(a, b) for a, b in zip(got, want)]
+            if max(errs) > 2e-2:
+                raise SystemExit(f"{layout} {name}: results differ from the unsharded ones: {errs}")
+            times[name] = bench(fn, sets, args.iters, args.reps)
+        print(f"| {layout} | {shape[0]}x{shape[1]} | {times['ours'] * 1e3:.3f} | {times['xla'] * 1e3:.3f} | "
+              f"{times['xla'] / times['ours']:.2f}x |")
+
+    # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))
+    R = args.ar_rows
+    parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt),
+                            NamedSharding(mesh, P("model"))) for k in keys[:2]]
+    gr = jax.device_put(g, NamedSharding(mesh, P()))
+
+    def on_mesh(fn):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+
+    variants = {
+        "all_reduce_rms_norm": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"),
+        "psum + rms_norm": lambda p, g: jrn.rms_norm(jax.lax.psum(p, "model"), g),
+        "psum + jnp norm": lambda p, g: jnp_rms(jax.lax.psum(p, "model"), g),
+    }
+    print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H})")
+    print("\n| op | fwd ms | fwd+bwd ms |")
+    print("|---|---|---|")
+    ref = None
+    for name, fn in variants.items():
+        fwd = jax.jit(on_mesh(fn))
+        both = jax.jit(on_mesh(lambda p, g, fn=fn: jax.grad(
+            lambda p: jnp.sum(fn(p, g).astype(jnp.float32) ** 2))(p)))
+        out = fwd(parts[0], gr)
+        if ref is None:
+            ref = out
+        elif rel_err(out, ref) > 2e-2:
+            raise SystemExit(f"{name} differs from all_reduce_rms_norm")
+        t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps)
+        t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps)
+        print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
