@@ -81,6 +81,32 @@ def main():
         print(f"| {layout} | {shape[0]}x{shape[1]} | {times['ours'] * 1e3:.3f} | {times['xla'] * 1e3:.3f} | "
               f"{times['xla'] / times['ours']:.2f}x |")
 
+    # What one device runs for the hidden layout, kernel by kernel, on its slice.
+    Hl = H // n
+    xl, dyl = xs[0][:, :Hl], dys[0][:, :Hl]
+    gl = g[:Hl]
+    ss = jrn.rms_norm_stats(xl)
+    rstd = jax.lax.rsqrt(ss / H + 1e-6)
+    zero = jnp.zeros(ss.shape + (2,), jnp.float32)
+    pieces = {
+        "stats (read x)": (jax.jit(jrn.rms_norm_stats), (xl,), 1),
+        "apply (x -> y)": (jax.jit(lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=H)), (xl, ss, gl), 2),
+        "plain fwd (x -> y)": (jax.jit(lambda x, g: jrn.rms_norm(x, g)), (xl, gl), 2),
+        "plain bwd (x, dy -> dx)": (jax.jit(lambda x, g, dy: jax.vjp(jrn.rms_norm, x, g)[1](dy)), (xl, gl, dyl), 3),
+    }
+    from jax_rmsnorm import _api, _primitives  # the two backward kernels of the hidden layout
+    cfg = _api._Config(_primitives.RMS, 1e-6, False)
+    pieces["grad stats (read x, dy)"] = (jax.jit(lambda dy, x, r, g: _api._grad_sums(dy, x, None, r, g, cfg)),
+                                         (dyl, xl, rstd, gl), 2)
+    pieces["bwd given (x, dy -> dx)"] = (jax.jit(lambda dy, x, r, g, c: _api._backward(dy, x, None, r, g, None, cfg, coef=c)),
+                                         (dyl, xl, rstd, gl, zero), 3)
+    print(f"\nhidden layout, one device's kernels on its ({M}, {Hl}) slice")
+    print("\n| kernel | µs | TB/s |")
+    print("|---|---|---|")
+    for name, (fn, a, passes) in pieces.items():
+        t = bench(fn, [a], args.iters, args.reps)
+        print(f"| {name} | {t * 1e6:.1f} | {passes * xl.nbytes / t / 1e12:.2f} |")
+
     # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
     mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))
     R = args.ar_rows

@@ -44,8 +44,8 @@ def main():
             cpu = jax.devices("cpu")[0]
             for kind in ("rms", "layer"):
                 def split(x, g, kind=kind):
-                    xs, gs = jnp.split(x, 2, -1) if h % 2 == 0 else ([x], [g])
-                    gs = jnp.split(g, 2) if h % 2 == 0 else gs
+                    xs = jnp.split(x, 2, -1) if h % 2 == 0 else [x]
+                    gs = jnp.split(g, 2) if h % 2 == 0 else [g]
                     if kind == "rms":
                         total = sum(jrn.rms_norm_stats(s) for s in xs)
                         ys = [jrn.rms_norm_apply(s, total, gg, hidden_size=h) for s, gg in zip(xs, gs)]

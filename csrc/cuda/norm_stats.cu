@@ -11,7 +11,8 @@ namespace jrn::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kItems = 4;  // packs per thread per pass, to size threads per row
+constexpr int kItems = 4;      // packs of x each thread loads at once (and sizes threads per row)
+constexpr int kGradItems = 2;  // packs of x and of dy, in grad_stats
 
 template <NormKind K, class T, int VEC>
 __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
@@ -22,14 +23,28 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   const T* x = static_cast<const T*>(a.x) + row * H;
   const float shift = K == NormKind::kLayer && valid ? to_float(x[0]) : 0.f;
   float acc[2] = {0.f, 0.f};
-  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
-    float v[VEC];
-    load_pack<VEC>(x + p * VEC, v);
+  // kItems packs are loaded before any is used, so each thread keeps several
+  // loads in flight.
+  for (int64_t base = threadIdx.x; valid && base < nvec; base += kItems * blockDim.x) {
+    float v[kItems][VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = v[j] - shift;
-      acc[0] += d;
-      acc[1] += d * d;
+    for (int i = 0; i < kItems; ++i) {
+      const int64_t p = base + static_cast<int64_t>(i) * blockDim.x;
+      if (p < nvec) {
+        load_pack<VEC>(x + p * VEC, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] = shift;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[i][j] - shift;
+        acc[0] += d;
+        acc[1] += d * d;
+      }
     }
   }
   row_sum<2>(acc, smem);
@@ -56,16 +71,32 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   const float rstd = valid ? a.rstd[row] : 0.f;
   const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
   float acc[2] = {0.f, 0.f};
-  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
-    float xv[VEC], d[VEC], s[VEC];
-    load_pack<VEC>(x + p * VEC, xv);
-    load_pack<VEC>(dy + p * VEC, d);
-    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+  for (int64_t base = threadIdx.x; valid && base < nvec; base += kGradItems * blockDim.x) {
+    float xv[kGradItems][VEC], d[kGradItems][VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float g = d[j] * s[j];
-      acc[0] += g * (xv[j] - mean) * rstd;
-      acc[1] += g;
+    for (int i = 0; i < kGradItems; ++i) {
+      const int64_t p = base + static_cast<int64_t>(i) * blockDim.x;
+      if (p < nvec) {
+        load_pack<VEC>(x + p * VEC, xv[i]);
+        load_pack<VEC>(dy + p * VEC, d[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) xv[i][j] = d[i][j] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGradItems; ++i) {
+      const int64_t p = base + static_cast<int64_t>(i) * blockDim.x;
+      if (p < nvec) {
+        float s[VEC];
+        load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = d[i][j] * s[j];
+          acc[0] += g * (xv[i][j] - mean) * rstd;
+          acc[1] += g;
+        }
+      }
     }
   }
   row_sum<2>(acc, smem);
