@@ -36,7 +36,7 @@ from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import _ffi
 
@@ -488,7 +488,18 @@ def _partition(st, mesh, arg_infos, result_infos):
     group_dims = n_groups[0] if n_groups else 0
     row_axes = tuple(a for e in rows[group_dims:] for a in _axes_of(e))
 
+    # The per-device function runs with every mesh axis manual. JAX 0.11 traces
+    # it under the caller's mesh instead; with Explicit axes the collectives'
+    # reduction bodies then carry sharding annotations that XLA's GPU backend
+    # rejects (a CHECK failure in all_reduce_thunk), so the manual mesh is set
+    # here explicitly.
+    manual = mesh.abstract_mesh.update_axis_types({a: AxisType.Manual for a in mesh.axis_names})
+
     def lower(*args):
+        with jax.sharding.use_abstract_mesh(manual):
+            return _lower(*args)
+
+    def _lower(*args):
         if hidden_axes:
             results = sharded(st, hidden_axes, full_hidden, *args)
         else:
