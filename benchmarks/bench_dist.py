@@ -1,9 +1,10 @@
 """Multi-device benchmark: sharded normalization and all_reduce_rms_norm.
 
-For each layout, one training step's norm (forward, then the backward of dy:
-y, dx and dgamma) of a global (rows, hidden) bf16 array, under jit with
-NamedSharding over all visible devices, ours against XLA's own partitioning of
-the jnp version, both checked against the unsharded result first:
+For each layout, the norm of a global (rows, hidden) bf16 array under jit with
+NamedSharding over all visible devices: the forward (y and rstd), the backward
+from the saved rstd (dx, dgamma), and both in one program; ours against XLA's
+own partitioning of the jnp version, both checked against the unsharded
+result first:
 
   rows    x sharded over its rows (data/sequence parallel)
   hidden  x sharded over its hidden dim (tensor parallel over hidden)
@@ -31,12 +32,27 @@ from bench_norm import bench, jnp_rms, rel_err
 
 
 def step(norm):
-    """y, dx, dgamma of one forward + backward."""
+    """y, dx, dgamma of one forward + backward in one program."""
     def run(x, g, dy):
         y, vjp = jax.vjp(norm, x, g)
         dx, dg = vjp(dy)
         return y, dx, dg
     return jax.jit(run)
+
+
+def jnp_rms_fwd(x, g, eps=1e-6):
+    xf = x.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.mean(xf * xf, -1) + eps)
+    return (xf * rstd[..., None] * g.astype(jnp.float32)).astype(x.dtype), rstd
+
+
+def jnp_rms_bwd(dy, x, rstd, g):
+    xf, gdy = x.astype(jnp.float32), dy.astype(jnp.float32) * g.astype(jnp.float32)
+    xhat = xf * rstd[..., None]
+    c = jnp.mean(gdy * xhat, -1, keepdims=True)
+    dx = rstd[..., None] * (gdy - xhat * c)
+    dg = jnp.sum(dy.astype(jnp.float32) * xhat, axis=tuple(range(x.ndim - 1)))
+    return dx.astype(x.dtype), dg.astype(g.dtype)
 
 
 def main():
@@ -64,22 +80,40 @@ def main():
     xla = step(lambda x, g: jnp_rms(x, g))
     want = ours(xs[0], g, dys[0])  # unsharded, on one device
 
-    print("\n| layout | mesh | ours ms | XLA ms | ours vs XLA |")
-    print("|---|---|---|---|---|")
+    # Forward (y and the saved statistic), backward (from the saved statistic,
+    # as a training step runs it after the layers above), and both in one
+    # program. In the last, XLA may fuse the forward's output pass with the
+    # backward's row sums because dy is an input of the same program: a
+    # training step cannot (dy comes from the layers above).
+    ours_fb = (jax.jit(lambda x, g: jrn.rms_norm_fwd(x, g)),
+               jax.jit(lambda dy, x, r, g: jrn.rms_norm_bwd(dy, x, r, g)))
+    xla_fb = (jax.jit(jnp_rms_fwd), jax.jit(jnp_rms_bwd))
+    want_fwd = ours_fb[0](xs[0], g)
+    want_bwd = ours_fb[1](dys[0], xs[0], want_fwd[1], g)
+
+    print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
+    print("|---|---|---|---|---|---|")
     for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
         mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
                                  axis_types=(AxisType.Auto,) * 2)
         put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
         sets = [(put(x, spec), put(g, P(spec[1])), put(dy, spec)) for x, dy in zip(xs, dys)]
-        times = {}
-        for name, fn in (("ours", ours), ("xla", xla)):
-            got = fn(*sets[0])
-            errs = [rel_err(a, b) for a, b in zip(got, want)]
-            if max(errs) > 2e-2:
-                raise SystemExit(f"{layout} {name}: results differ from the unsharded ones: {errs}")
-            times[name] = bench(fn, sets, args.iters, args.reps)
-        print(f"| {layout} | {shape[0]}x{shape[1]} | {times['ours'] * 1e3:.3f} | {times['xla'] * 1e3:.3f} | "
-              f"{times['xla'] / times['ours']:.2f}x |")
+        rstd = put(want_fwd[1], P(spec[0]))
+        parts = {
+            "fwd": (ours_fb[0], xla_fb[0], [(x, g) for x, g, _ in sets], want_fwd),
+            "bwd": (ours_fb[1], xla_fb[1], [(dy, x, rstd, g) for x, g, dy in sets], want_bwd),
+            "fwd+bwd, one program": (ours, xla, sets, want),
+        }
+        for part, (f_ours, f_xla, arg_sets, ref) in parts.items():
+            times = {}
+            for name, fn in (("ours", f_ours), ("xla", f_xla)):
+                got = fn(*arg_sets[0])
+                errs = [rel_err(a, b) for a, b in zip(got, ref)]
+                if max(errs) > 2e-2:
+                    raise SystemExit(f"{layout} {part} {name}: results differ from the unsharded ones: {errs}")
+                times[name] = bench(fn, arg_sets, args.iters, args.reps)
+            print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
+                  f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
 
     # What one device runs for the hidden layout, kernel by kernel, on its slice.
     Hl = H // n
