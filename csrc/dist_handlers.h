@@ -93,14 +93,14 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
         return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, *out);                    \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
+      JRN_BUFFERS(BIND, 1, 1),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##LayerNormStats,                                                                   \
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
         return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, *out);                  \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
+      JRN_BUFFERS(BIND, 1, 1),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormGradStats,                                                                 \
@@ -110,11 +110,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kRms>(CTX dy, x, nullptr, rstd, g,  \
                                                                     *out, zc, has_gamma);       \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 4, 1)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -126,12 +122,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kLayer>(CTX dy, x, &mean, rstd, g,  \
                                                                       *out, zc, has_gamma);     \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 5, 1)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -142,10 +133,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kRms>(CTX x, g, nullptr, nullptr, rstd, \
                                                                 *y, zc, has_gamma, false);      \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 3, 1)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -157,12 +145,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kLayer>(CTX x, g, &b, &mean, rstd, *y,  \
                                                                   zc, has_gamma, has_beta);     \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 5, 1)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
@@ -179,14 +162,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, false,                    \
             static_cast<const float*>(coef.untyped_data()));                                    \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 5, 3)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -203,16 +179,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta,                 \
             static_cast<const float*>(coef.untyped_data()));                                    \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 6, 4)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \

@@ -233,6 +233,17 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 
 }  // namespace jrn
 
+// BIND followed by A buffer arguments and R buffer results (A, R <= 6).
+#define JRN_REP0(X)
+#define JRN_REP1(X) X
+#define JRN_REP2(X) X X
+#define JRN_REP3(X) X X X
+#define JRN_REP4(X) X X X X
+#define JRN_REP5(X) X X X X X
+#define JRN_REP6(X) X X X X X X
+#define JRN_BUFFERS(BIND, A, R) \
+  BIND JRN_REP##A(.Arg<::xla::ffi::AnyBuffer>()) JRN_REP##R(.Ret<::xla::ffi::AnyBuffer>())
+
 // ---- The four FFI handlers of one platform, defined once for both.
 //
 // BACKEND is a struct with
@@ -285,10 +296,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
                                                                  *rstd, eps, zc, has_gamma,     \
                                                                  false);                        \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+      JRN_BUFFERS(BIND, 2, 2)                                                                \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
@@ -301,12 +309,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
         return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                             \
             CTX x, g, &b, *y, &*mean, *rstd, eps, zc, has_gamma, has_beta);                     \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+      JRN_BUFFERS(BIND, 3, 3)                                                                \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
@@ -321,13 +324,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
             CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, false);                   \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+      JRN_BUFFERS(BIND, 4, 3)                                                                \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
@@ -341,15 +338,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
             CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta);                \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Arg<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
-          .Ret<::xla::ffi::AnyBuffer>()                                                                \
+      JRN_BUFFERS(BIND, 5, 4)                                                                \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
