@@ -13,6 +13,10 @@
       d["jrn_rms_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwd));     \
       d["jrn_layer_norm_fwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwd)); \
       d["jrn_layer_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwd)); \
+      d["jrn_rms_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormFwdFused)); \
+      d["jrn_layer_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwdFused)); \
+      d["jrn_rms_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdAdd)); \
+      d["jrn_layer_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdAdd)); \
       return d;                                                                         \
     });                                                                                 \
   }

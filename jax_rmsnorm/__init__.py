@@ -13,6 +13,16 @@ from ._api import (
     rms_norm_fwd,
 )
 from ._ffi import cuda_built, export_checks
+from ._fused import (
+    add_layer_norm,
+    add_rms_norm,
+    layer_norm_fp8,
+    layer_norm_fp8_groupwise,
+    layer_norm_fp8_rowwise,
+    rms_norm_fp8,
+    rms_norm_fp8_groupwise,
+    rms_norm_fp8_rowwise,
+)
 
 __version__ = "0.1.0"
 
@@ -23,6 +33,14 @@ __all__ = [
     "rms_norm_bwd",
     "layer_norm_fwd",
     "layer_norm_bwd",
+    "add_rms_norm",
+    "add_layer_norm",
+    "rms_norm_fp8",
+    "layer_norm_fp8",
+    "rms_norm_fp8_rowwise",
+    "layer_norm_fp8_rowwise",
+    "rms_norm_fp8_groupwise",
+    "layer_norm_fp8_groupwise",
     "cuda_built",
     "export_checks",
 ]

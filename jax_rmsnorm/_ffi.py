@@ -22,7 +22,9 @@ try:  # absent when the package was built without CUDA
 except ImportError:  # pragma: no cover - depends on the build
     _jax_rmsnorm_cuda = None
 
-TARGETS = ("jrn_rms_norm_fwd", "jrn_rms_norm_bwd", "jrn_layer_norm_fwd", "jrn_layer_norm_bwd")
+TARGETS = ("jrn_rms_norm_fwd", "jrn_rms_norm_bwd", "jrn_layer_norm_fwd", "jrn_layer_norm_bwd",
+           "jrn_rms_norm_fwd_fused", "jrn_layer_norm_fwd_fused", "jrn_rms_norm_bwd_add",
+           "jrn_layer_norm_bwd_add")
 
 for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

@@ -4,12 +4,14 @@
 // in a fixed order, so results are reproducible.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 
 #include "../nb_module.h"
 #include "../norm_common.h"
+#include "../norm_fused.h"
 
 namespace jrn {
 namespace {
@@ -70,6 +72,31 @@ template <> inline f16_t from_float<f16_t>(float f) {
   return f16_t{static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
 }
 
+// float -> FP8 (float8_e4m3fn or float8_e5m2), saturating at the format's
+// largest finite value, round to nearest even; NaN stays NaN.
+inline uint8_t to_fp8(float v, Fp8 fmt) {
+  const int man_bits = fmt == Fp8::kE4M3 ? 3 : 2, bias = fmt == Fp8::kE4M3 ? 7 : 15;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  if (std::isnan(v)) return sign | (fmt == Fp8::kE4M3 ? 0x7f : 0x7e);
+  const double a = std::min(static_cast<double>(std::fabs(v)), static_cast<double>(fp8_max(fmt)));
+  const int emin = 1 - bias;  // exponent of the smallest normal
+  if (a < std::ldexp(1.0, emin)) {  // subnormal (may round up to the smallest normal)
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, man_bits - emin)));
+  }
+  int e;
+  const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  double frac = std::nearbyint(std::ldexp(m * 2.0 - 1.0, man_bits));
+  int exp = e - 1;
+  if (frac == std::ldexp(1.0, man_bits)) {
+    frac = 0.0;
+    ++exp;
+  }
+  return sign | static_cast<uint8_t>(((exp + bias) << man_bits) | static_cast<int>(frac));
+}
+
+// max that keeps a NaN of either side.
+inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
 template <class P>
 inline float scale_at(const P* gamma, int64_t i, bool zero_centered) {
   if (!gamma) return 1.f;
@@ -84,31 +111,77 @@ struct CpuBackend {
   static ffi::Error fwd(const FwdArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
-    T* y = static_cast<T*>(a.y);
-    std::vector<float> row(H);
+    std::vector<float> row(H), out(H);
+    const int64_t rows_per_tensor = a.quant == Quant::kTensor ? a.shape.rows / a.tensors : 0;
+    if (a.quant == Quant::kTensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
     for (int64_t r = 0; r < a.shape.rows; ++r) {
       const int64_t g = r / rpg;
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
       const T* xr = x + r * H;
+      // The row to normalize: x, or h = x + residual rounded to h's dtype.
+      for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
+      if (a.residual) {
+        for (int64_t i = 0; i < H; ++i) {
+          const int64_t k = r * H + i;
+          const float v = row[i] + (a.residual_f32 ? static_cast<const float*>(a.residual)[k]
+                                                   : to_float(static_cast<const T*>(a.residual)[k]));
+          if (a.h_f32) {
+            static_cast<float*>(a.h)[k] = v;
+            row[i] = v;
+          } else {
+            const T hv = from_float<T>(v);
+            static_cast<T*>(a.h)[k] = hv;
+            row[i] = to_float(hv);
+          }
+        }
+      }
       double sum = 0.0;
       if constexpr (K == NormKind::kLayer) {
-        for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
+        for (int64_t i = 0; i < H; ++i) sum += row[i];
       }
       const float mean = static_cast<float>(sum / static_cast<double>(H));
       double ss = 0.0;
       for (int64_t i = 0; i < H; ++i) {
-        row[i] = to_float(xr[i]) - mean;
+        row[i] -= mean;
         ss += static_cast<double>(row[i]) * row[i];
       }
       const float rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
       for (int64_t i = 0; i < H; ++i) {
         float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
         if (beta) v += to_float(beta[i]);
-        y[r * H + i] = from_float<T>(v);
+        out[i] = v;
       }
       a.rstd[r] = rstd;
       if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
+      if (a.quant == Quant::kNone) {
+        for (int64_t i = 0; i < H; ++i) static_cast<T*>(a.y)[r * H + i] = from_float<T>(out[i]);
+        continue;
+      }
+      uint8_t* q = static_cast<uint8_t*>(a.y) + r * H;
+      // Columns [c0, c0 + n) quantized with one scale: the given one, or the
+      // one from their own max |y|.
+      auto quantize = [&](int64_t c0, int64_t n, float* scale_out, float given_mul) {
+        float m = 0.f;
+        for (int64_t i = c0; i < c0 + n; ++i) m = nan_max(m, std::fabs(out[i]));
+        float mul = given_mul;
+        if (scale_out) {
+          const float s = quant_scale(m, a.fp8, a.scale_ub);
+          *scale_out = s;
+          mul = 1.f / s;
+        }
+        for (int64_t i = c0; i < c0 + n; ++i) q[i] = to_fp8(out[i] * mul, a.fp8);
+        return m;
+      };
+      if (a.quant == Quant::kTensor) {
+        const int64_t t = r / rows_per_tensor;
+        a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, a.scale[t]));
+      } else if (a.quant == Quant::kRow) {
+        quantize(0, H, a.qscale + r, 0.f);
+      } else {
+        const int64_t G = a.group_size, per_row = H / G;
+        for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
+      }
     }
     return ffi::Error::Success();
   }
@@ -139,7 +212,11 @@ struct CpuBackend {
         }
         const float c1 = static_cast<float>(sum_gdy_xhat / static_cast<double>(H));
         const float c2 = K == NormKind::kLayer ? static_cast<float>(sum_gdy / static_cast<double>(H)) : 0.f;
-        for (int64_t i = 0; i < H; ++i) dx[r * H + i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
+        const T* dh = a.dh ? static_cast<const T*>(a.dh) + r * H : nullptr;
+        for (int64_t i = 0; i < H; ++i) {
+          const float v = rstd * (gdy[i] - c2 - xhat[i] * c1);
+          dx[r * H + i] = from_float<T>(dh ? v + to_float(dh[i]) : v);
+        }
       }
       for (int64_t i = 0; i < H; ++i) {
         if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(static_cast<float>(dg[i]));
@@ -154,5 +231,6 @@ struct CpuBackend {
 }  // namespace jrn
 
 JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
+JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
 
 JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu)

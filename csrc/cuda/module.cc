@@ -6,6 +6,7 @@
 
 #include "../nb_module.h"
 #include "../norm_common.h"
+#include "../norm_fused.h"
 #include "launch.h"
 
 namespace jrn {
@@ -29,5 +30,8 @@ struct CudaBackend {
 JRN_DEFINE_NORM_HANDLERS(Cuda, ::jrn::CudaBackend,
                          ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
                          cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
+JRN_DEFINE_FUSED_HANDLERS(Cuda, ::jrn::CudaBackend,
+                          ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
+                          cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
 
 JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda)

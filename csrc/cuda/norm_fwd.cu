@@ -7,6 +7,13 @@
 //    are combined through distributed shared memory).
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
+//
+// Both take the fused variants (norm_fused.h): with a residual, the row is
+// h = x + residual (stored, then normalized as stored); with Q != kNone, y is
+// written as FP8: times the given per-tensor scale (max |y| atomically merged
+// into amax), or divided by a scale computed from the row's / the group's own
+// max |y| (row maxima with the row-sum machinery; groups of up to 32 lanes by
+// shuffles in fwd_regs, a thread per group in fwd_stream).
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -19,9 +26,50 @@ constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
 constexpr int kMaxCluster = 16;
 constexpr int kClusterCtaThreads = 512;
+// FP8 output keeps more live per thread: at most this many threads per CTA
+// (wider rows take clusters).
+constexpr int kQuantRowThreads = 512;
 
-template <NormKind K, class T, class P, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluster) {
+// The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
+// (q = y * inv, inv = 1 / scale).
+template <int VEC>
+__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
+  float q[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) q[j] = y[j] * mul;
+  store_fp8<VEC>(static_cast<uint8_t*>(a.y) + idx, q, a.fp8);
+}
+
+// Merges the CTA's per-row maxima `m` (held by thread x == 0 of each row)
+// into amax of each row's tensor: one atomic per tensor the CTA touches.
+// `smem` holds a float per row of the CTA.
+__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float m, float* smem) {
+  const int64_t rpt = a.shape.rows / a.tensors;
+  if (blockDim.y == 1) {
+    if (threadIdx.x == 0 && row0 < a.shape.rows) atomic_abs_max(a.amax + row0 / rpt, m);
+    return;
+  }
+  if (threadIdx.x == 0) smem[threadIdx.y] = m;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    int64_t t = row0 / rpt;
+    float run = 0.f;
+    for (int r = 0; r < static_cast<int>(blockDim.y) && row0 + r < a.shape.rows; ++r) {
+      const int64_t tr = (row0 + r) / rpt;
+      if (tr != t) {
+        atomic_abs_max(a.amax + t, run);
+        t = tr;
+        run = 0.f;
+      }
+      run = abs_max(run, smem[r]);
+    }
+    atomic_abs_max(a.amax + t, run);
+  }
+}
+
+template <NormKind K, Quant Q, class T, class P, int VEC>
+__global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads)
+    fwd_regs(FwdArgs a, int cluster) {
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
   const int64_t H = a.shape.hidden;
@@ -40,6 +88,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
     const int64_t col = column(i);
     if (valid && col < H) {
       load_pack<VEC>(x + col, v[i]);
+      if (a.residual) {
+        float r[VEC];
+        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
+        store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
@@ -68,52 +123,132 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
   row_sum<1>(ss, smem);
   if (cluster > 1) {
     cluster_sum<1>(ss, xchg, 1);
-    cluster_done();
+    if (Q != Quant::kRow) cluster_done();
   }
   const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
-  if (!valid) return;
+  if (Q == Quant::kNone && !valid) return;
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  T* y = static_cast<T*>(a.y) + row * H;
+  float m = 0.f;  // max |y| of this thread's columns
+  const float tensor_scale = Q == Quant::kTensor && valid ? a.scale[row / (a.shape.rows / a.tensors)] : 0.f;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
-    if (col < H) {
-      float s[VEC], out[VEC];
+    if (valid && col < H) {
+      float s[VEC];
       load_scale<VEC>(gamma, col, a.zero_centered, s);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * rstd * s[j];
+      for (int j = 0; j < VEC; ++j) v[i][j] = v[i][j] * rstd * s[j];
       if (beta) {
         float b[VEC];
         load_pack<VEC>(beta + col, b);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] += b[j];
+        for (int j = 0; j < VEC; ++j) v[i][j] += b[j];
       }
-      store_pack<VEC>(y + col, out);
+      if constexpr (Q == Quant::kNone) {
+        store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+      } else if constexpr (Q == Quant::kTensor) {
+        store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+    if constexpr (Q != Quant::kNone) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = abs_max(m, fabsf(v[i][j]));
     }
   }
-  if (threadIdx.x == 0 && rank == 0) {
+  if constexpr (Q == Quant::kTensor) {
+    float mm[1] = {m};
+    row_sum<1>(mm, smem, AbsMaxOp{});  // this CTA's part of the row
+    __shared__ float row_max[kBlockThreads];  // rows per CTA <= kBlockThreads
+    merge_amax(a, static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y, mm[0], row_max);
+  } else if constexpr (Q == Quant::kRow) {
+    float mm[1] = {m};
+    row_sum<1>(mm, smem, AbsMaxOp{});
+    if (cluster > 1) {
+      cluster_sum<1>(mm, xchg, 0, AbsMaxOp{});
+      cluster_done();
+    }
+    const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+    const float inv = 1.f / scale;
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (valid && column(i) < H) store_q<VEC>(a, row * H + column(i), v[i], inv);
+    }
+    if (valid && threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
+  } else if constexpr (Q == Quant::kGroup) {
+    // A group is `lanes` consecutive threads (the launcher makes blockDim.x a
+    // multiple of it, at most 32): its max by shuffles within those lanes.
+    const int lanes = static_cast<int>(a.group_size / VEC);
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      float gm = 0.f;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[i][j]));
+      for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+      const int64_t col = column(i);
+      if (valid && col < H) {
+        const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+        store_q<VEC>(a, row * H + col, v[i], 1.f / scale);
+        if (threadIdx.x % lanes == 0) a.qscale[(row * H + col) / a.group_size] = scale;
+      }
+    }
+  }
+  if (valid && threadIdx.x == 0 && rank == 0) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
 }
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * H;
+  // The row being normalized: x, or h = x + residual as stored. Later passes
+  // recompute h rather than read it back (h is written through a different
+  // path than the read-only loads, within this kernel).
+  auto load_row = [&](int64_t col, float (&v)[VEC]) {
+    load_pack<VEC>(x + col, v);
+    if (a.residual) {
+      float r[VEC];
+      load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += r[j];
+      if (!a.h_f32) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = to_float(from_float<T>(v[j]));
+      }
+    }
+  };
 
   // LayerNorm sums are taken around a shift (the row's first element) so that
   // var = E[(x-k)^2] - E[x-k]^2 does not cancel catastrophically.
-  const float shift = K == NormKind::kLayer ? to_float(x[0]) : 0.f;
   float acc[2] = {0.f, 0.f};
+  float shift = 0.f;
+  if (K == NormKind::kLayer) {
+    shift = to_float(x[0]);
+    if (a.residual) {
+      shift += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H]
+                              : to_float(static_cast<const T*>(a.residual)[row * H]);
+      if (!a.h_f32) shift = to_float(from_float<T>(shift));
+    }
+  }
+  if (a.residual) {
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float v[VEC];
+      load_row(p * VEC, v);
+      store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
+    }
+  }
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
-    load_pack<VEC>(x + p * VEC, v);
+    load_row(p * VEC, v);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = v[j] - shift;
@@ -131,20 +266,77 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  T* y = static_cast<T*>(a.y) + row * H;
-  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
-    float v[VEC], s[VEC];
-    load_pack<VEC>(x + p * VEC, v);
-    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+  auto normalize = [&](int64_t col, float (&v)[VEC]) {
+    float s[VEC];
+    load_row(col, v);
+    load_scale<VEC>(gamma, col, a.zero_centered, s);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean) * rstd * s[j];
     if (beta) {
       float b[VEC];
-      load_pack<VEC>(beta + p * VEC, b);
+      load_pack<VEC>(beta + col, b);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[j] += b[j];
     }
-    store_pack<VEC>(y + p * VEC, v);
+  };
+  if constexpr (Q == Quant::kNone) {
+    T* y = static_cast<T*>(a.y) + row * H;
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float v[VEC];
+      normalize(p * VEC, v);
+      store_pack<VEC>(y + p * VEC, v);
+    }
+  } else if constexpr (Q == Quant::kTensor || Q == Quant::kRow) {
+    // kRow: one more pass for the row's max |y| before anything is stored.
+    float inv = 0.f;
+    if constexpr (Q == Quant::kRow) {
+      float m[1] = {0.f};
+      for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+        float v[VEC];
+        normalize(p * VEC, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+      }
+      row_sum<1>(m, smem, AbsMaxOp{});
+      const float scale = quant_scale(m[0], a.fp8, a.scale_ub);
+      inv = 1.f / scale;
+      if (threadIdx.x == 0) a.qscale[row] = scale;
+    }
+    const float mul = Q == Quant::kTensor ? a.scale[row / (a.shape.rows / a.tensors)] : inv;
+    float m[1] = {0.f};
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float v[VEC];
+      normalize(p * VEC, v);
+      if constexpr (Q == Quant::kTensor) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+      }
+      store_q<VEC>(a, row * H + p * VEC, v, mul);
+    }
+    if constexpr (Q == Quant::kTensor) {
+      row_sum<1>(m, smem, AbsMaxOp{});
+      if (threadIdx.x == 0) atomic_abs_max(a.amax + row / (a.shape.rows / a.tensors), m[0]);
+    }
+  } else {
+    // A thread per group: its max, then the group again, quantized.
+    const int64_t G = a.group_size, gvec = G / VEC;
+    for (int64_t g = threadIdx.x; g < H / G; g += blockDim.x) {
+      float gm = 0.f;
+      for (int64_t p = 0; p < gvec; ++p) {
+        float v[VEC];
+        normalize(g * G + p * VEC, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[j]));
+      }
+      const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+      const float inv = 1.f / scale;
+      for (int64_t p = 0; p < gvec; ++p) {
+        float v[VEC];
+        normalize(g * G + p * VEC, v);
+        store_q<VEC>(a, row * H + g * G + p * VEC, v, inv);
+      }
+      a.qscale[row * (H / G) + g] = scale;
+    }
   }
   if (threadIdx.x == 0) {
     a.rstd[row] = rstd;
@@ -152,42 +344,70 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
 }
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
-  constexpr int64_t kCtaVecs = static_cast<int64_t>(kMaxRowThreads) * kRegItems;
-  if (nvec <= kCtaVecs) {
-    const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+  // Groups are taken by shuffles in fwd_regs when they span a power of two of
+  // at most 32 lanes; other group sizes stream.
+  int lanes = 1;
+  bool regs_ok = true;
+  if constexpr (Q == Quant::kGroup) {
+    lanes = static_cast<int>(a.group_size / VEC);
+    regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
+  }
+  constexpr int64_t kCtaVecs =
+      static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
+  if (regs_ok && nvec <= kCtaVecs) {
+    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+    fwd_regs<K, Q, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
-  if (VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
+  if (regs_ok && VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
     const int cluster = pow2_ceil((nvec + kClusterCtaVecs - 1) / kClusterCtaVecs);
-    const int tpr = pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems));
+    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems)));
     const int64_t blocks = a.shape.rows * cluster;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    return launch_clustered(fwd_regs<K, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
+    return launch_clustered(fwd_regs<K, Q, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
                             stream, cluster, "fwd_regs (clusters)", a, cluster);
   }
   if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  fwd_stream<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
+  fwd_stream<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
   return check_launch("fwd_stream");
+}
+
+template <NormKind K, Quant Q, class T, class P>
+ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
+  if constexpr (Q == Quant::kTensor) {
+    // amax is merged into atomically: zeroed first, in the stream.
+    cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
+    if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
+    if (a.shape.rows == 0) return ffi::Error::Success();
+  }
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
+                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta)) &&
+                      (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
+                      (Q != Quant::kGroup || a.group_size % kVec == 0);
+  return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec>(stream, a) : launch_fwd_vec<K, Q, T, P, 1>(stream, a);
 }
 
 }  // namespace
 
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
-                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
-  return vec_ok ? launch_fwd_vec<K, T, P, kVec>(stream, a) : launch_fwd_vec<K, T, P, 1>(stream, a);
+  switch (a.quant) {
+    case Quant::kNone: return launch_fwd_quant<K, Quant::kNone, T, P>(stream, a);
+    case Quant::kTensor: return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, a);
+    case Quant::kRow: return launch_fwd_quant<K, Quant::kRow, T, P>(stream, a);
+    case Quant::kGroup: return launch_fwd_quant<K, Quant::kGroup, T, P>(stream, a);
+  }
+  return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
 }
 
 #define JRN_INSTANTIATE_FWD(K, T, P) \
