@@ -127,8 +127,13 @@ def _fused_forward(x, residual, gamma, beta, scale, cfg: _FusedConfig):
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
         y = jnp.zeros(x.shape, spec.out_dtype if spec.quant else x.dtype)
         h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(spec.h_dtype) if spec.residual else None
-        qs = {None: None, "tensor": jnp.zeros(jnp.shape(scale), jnp.float32), "row": stat,
-              "group": jnp.zeros(x.shape[:-1] + (x.shape[-1] // max(spec.group_size, 1),), jnp.float32)}[spec.quant]
+        qs = None
+        if spec.quant == "tensor":
+            qs = jnp.zeros(jnp.shape(scale), jnp.float32)
+        elif spec.quant == "row":
+            qs = stat
+        elif spec.quant == "group":
+            qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), jnp.float32)
         return y, (stat if norm.kind == LAYER else None), stat, h, qs
     ph = _placeholder(_param_dtype(x, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
