@@ -75,23 +75,21 @@ template <> inline f16_t from_float<f16_t>(float f) {
 // float -> FP8 (float8_e4m3fn or float8_e5m2), saturating at the format's
 // largest finite value, round to nearest even; NaN stays NaN.
 inline uint8_t to_fp8(float v, Fp8 fmt) {
-  const int man_bits = fmt == Fp8::kE4M3 ? 3 : 2, bias = fmt == Fp8::kE4M3 ? 7 : 15;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
-  if (std::isnan(v)) return sign | (fmt == Fp8::kE4M3 ? 0x7f : 0x7e);
-  const double a = std::min(static_cast<double>(std::fabs(v)), static_cast<double>(fp8_max(fmt)));
-  const int emin = 1 - bias;  // exponent of the smallest normal
-  if (a < std::ldexp(1.0, emin)) {  // subnormal (may round up to the smallest normal)
-    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, man_bits - emin)));
+  const bool e4m3 = fmt == Fp8::kE4M3;
+  const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  if (std::isnan(v)) return sign | (e4m3 ? 0x7f : 0x7e);
+  const float a = std::min(std::fabs(v), fp8_max(fmt));  // saturate (infinity too)
+  const float min_normal = e4m3 ? 0x1p-6f : 0x1p-14f;
+  if (a < min_normal) {  // subnormal, in steps of 2^(1 - bias - man_bits); exact scaling
+    return sign | static_cast<uint8_t>(std::nearbyint(a * (e4m3 ? 0x1p9f : 0x1p16f)));
   }
-  int e;
-  const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  double frac = std::nearbyint(std::ldexp(m * 2.0 - 1.0, man_bits));
-  int exp = e - 1;
-  if (frac == std::ldexp(1.0, man_bits)) {
-    frac = 0.0;
-    ++exp;
-  }
-  return sign | static_cast<uint8_t>(((exp + bias) << man_bits) | static_cast<int>(frac));
+  std::memcpy(&u, &a, 4);
+  const int shift = 23 - man_bits;  // drop mantissa bits, ties to even
+  u += (1u << (shift - 1)) - 1u + ((u >> shift) & 1u);
+  return sign | static_cast<uint8_t>((u >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits));
 }
 
 // max that keeps a NaN of either side.

@@ -239,16 +239,10 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
       if (!a.h_f32) shift = to_float(from_float<T>(shift));
     }
   }
-  if (a.residual) {
-    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
-      float v[VEC];
-      load_row(p * VEC, v);
-      store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
-    }
-  }
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
     load_row(p * VEC, v);
+    if (a.residual) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = v[j] - shift;
