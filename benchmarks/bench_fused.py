@@ -10,7 +10,8 @@ is checked against the jnp composition before it is timed.
 
 Bytes counted are the ones the fused op must move: inputs read once (x, the
 residual, the parameters) and outputs written once (y or q, h, the statistics,
-amax or the scales). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
+amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
+tensor's amax is needed before anything is quantized). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
 norm, forward and backward in one jit (as in a training step): the forward's
 bytes plus the backward's (dy, dh and h read, dx written: the gradient of both
 x and the residual, and dgamma); its jnp counterpart is ``jax.vjp`` of the
@@ -35,7 +36,7 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
-       "add_rms_fp8", "add_rms_fp8_row"]
+       "rms_fp8_current", "add_rms_fp8", "add_rms_fp8_row"]
 
 
 def jnp_norm32(kind, x, g, b):
@@ -53,6 +54,9 @@ def quantize(y, mode, fmt, scale=None, group=128):
     m = FP8_MAX[fmt]
     if mode == "tensor":
         return jnp.clip(y * scale, -m, m).astype(FP8[fmt]), jnp.max(jnp.abs(y))
+    if mode == "current":
+        s = jnp.maximum(jnp.max(jnp.abs(y)) / m, 1e-12)
+        return jnp.clip(y * (1.0 / s), -m, m).astype(FP8[fmt]), s
     if mode == "row":
         s = jnp.maximum(jnp.max(jnp.abs(y), -1) / m, 1e-12)
         return jnp.clip(y * (1.0 / s)[..., None], -m, m).astype(FP8[fmt]), s
@@ -67,7 +71,7 @@ def make(op, g, b, fmt, group, zc_scale):
     residual = op.startswith("add_")
     mode = None
     if "fp8" in op:
-        mode = "row" if op.endswith("_row") else ("group" if op.endswith("_group") else "tensor")
+        mode = {"row": "row", "group": "group", "current": "current"}.get(op.rsplit("_", 1)[-1], "tensor")
     plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
     if op.endswith("_fwdbwd"):
         fused = (lambda x, r: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r: jrn.add_layer_norm(x, r, g, b))
@@ -90,12 +94,12 @@ def make(op, g, b, fmt, group, zc_scale):
         kw["out_dtype"] = FP8[fmt]
     if kind == "rms":
         base = {None: jrn.add_rms_norm, "tensor": jrn.rms_norm_fp8, "row": jrn.rms_norm_fp8_rowwise,
-                "group": jrn.rms_norm_fp8_groupwise}[mode]
+                "group": jrn.rms_norm_fp8_groupwise, "current": jrn.rms_norm_fp8_current}[mode]
         call = lambda x, r: (base(x, r, g) if mode is None else base(x, g, residual=r, **kw)) if residual \
             else base(x, g, **kw)
     else:
         base = {None: jrn.add_layer_norm, "tensor": jrn.layer_norm_fp8, "row": jrn.layer_norm_fp8_rowwise,
-                "group": jrn.layer_norm_fp8_groupwise}[mode]
+                "group": jrn.layer_norm_fp8_groupwise, "current": jrn.layer_norm_fp8_current}[mode]
         call = lambda x, r: (base(x, r, g, b) if mode is None else base(x, g, b, residual=r, **kw)) if residual \
             else base(x, g, b, **kw)
 
@@ -117,7 +121,7 @@ def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
     if backward:  # forward: x, r read, h, y written; backward: dy, dh, h read, dx written
         return 8 * m * h * s + 3 * params + 2 * stats
     out = m * h * (1 if mode else s)
-    qs = {None: 0, "tensor": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
+    qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
     return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
 
 

@@ -21,8 +21,9 @@ namespace ffi = xla::ffi;
 enum class NormKind { kRms, kLayer };
 
 // FP8 output of the fused forward (norm_fused.h): none, one scale per tensor
-// (given; amax returned), per row or per group of columns (computed).
-enum class Quant { kNone, kTensor, kRow, kGroup };
+// (given; amax returned), per row or per group of columns (computed), or one
+// per tensor computed from the tensor's own amax (current scaling).
+enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent };
 enum class Fp8 { kE4M3, kE5M2 };
 
 // A normalization problem: `rows` rows of `hidden` elements. The parameters
@@ -131,6 +132,9 @@ struct FwdArgs {
   Fp8 fp8 = Fp8::kE4M3;
   const float* scale = nullptr;  // kTensor: q = y * scale[t], one per tensor t
   float* amax = nullptr;         // kTensor: max |y| of tensor t (zeroed before the kernel)
+                                 // kCurrent: the scale_inv output
+  bool scale_inverted = false;   // kTensor: q = y / scale[t] (CUDA: current scaling's 2nd pass)
+  bool no_output = false;        // kTensor: amax only, y and h not written (CUDA: its 1st pass)
   int64_t tensors = 0;           // kTensor: x's rows split evenly into tensors (vmap)
   float* qscale = nullptr;       // kRow: one per row; kGroup: rows x (hidden / group_size)
   float scale_ub = std::numeric_limits<float>::infinity();  // kRow / kGroup: upper bound

@@ -44,7 +44,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                    ffi::AnyBuffer& rstd, ffi::AnyBuffer& h, ffi::AnyBuffer& qs, float eps,
                                    bool zero_centered, bool has_gamma, bool has_beta, bool has_residual,
                                    int32_t quant, int64_t group_size, float scale_ub, FwdArgs* a) {
-  if (quant < 0 || quant > static_cast<int32_t>(Quant::kGroup))
+  if (quant < 0 || quant > static_cast<int32_t>(Quant::kCurrent))
     return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
   a->quant = static_cast<Quant>(quant);
   // With FP8 output, y's dtype differs from x's: decode_fwd checks a stand-in.
@@ -81,12 +81,14 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   a->y = y.untyped_data();
   if (!(scale_ub > 0.f)) return ffi::Error::InvalidArgument("jax_rmsnorm: scale_ub must be > 0");
   a->scale_ub = scale_ub;
-  if (a->quant == Quant::kTensor) {
+  if (a->quant == Quant::kTensor || a->quant == Quant::kCurrent) {
+    // kCurrent reads no scale: its placeholder's size is the tensor count.
     const int64_t tensors = static_cast<int64_t>(scale.element_count());
     if (scale.element_type() != F32 || tensors < 1 || a->shape.rows % tensors != 0)
       return ffi::Error::InvalidArgument("jax_rmsnorm: scale must be float32, one per tensor");
-    if (auto e = check_kind(qs, tensors, F32, F32, "amax must be float32 like scale"); e.failure()) return e;
-    a->scale = static_cast<const float*>(scale.untyped_data());
+    if (auto e = check_kind(qs, tensors, F32, F32, "amax / scale_inv must be float32 like scale"); e.failure())
+      return e;
+    a->scale = a->quant == Quant::kTensor ? static_cast<const float*>(scale.untyped_data()) : nullptr;
     a->amax = static_cast<float*>(qs.untyped_data());
     a->tensors = tensors;
   } else if (a->quant == Quant::kRow) {
@@ -111,8 +113,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
 // Forward: (x, gamma, [beta,] residual, scale) -> (y, [mean,] rstd, h, qs), the
-// absent ones empty placeholders. qs is amax (kTensor), the row scales (kRow)
-// or the group scales (kGroup). Backward: the plain backward's operands plus
+// absent ones empty placeholders. qs is amax (kTensor), the row scales (kRow),
+// the group scales (kGroup) or scale_inv (kCurrent). Backward: the plain backward's operands plus
 // dh, added to dx.
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
   namespace jrn_fused_##PREFIX {                                                                \
@@ -130,7 +132,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                   scale_ub, &a);                                                \
         e.failure())                                                                            \
       return e;                                                                                 \
-    if (a.shape.rows == 0 && a.quant != Quant::kTensor) return ::xla::ffi::Error::Success();    \
+    if (a.shape.rows == 0 && a.quant != Quant::kTensor && a.quant != Quant::kCurrent)           \
+      return ::xla::ffi::Error::Success();                                                      \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
         x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
         [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \

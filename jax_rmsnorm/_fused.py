@@ -130,6 +130,8 @@ def _fused_forward(x, residual, gamma, beta, scale, cfg: _FusedConfig):
         qs = None
         if spec.quant == "tensor":
             qs = jnp.zeros(jnp.shape(scale), jnp.float32)
+        elif spec.quant == "current":
+            qs = jnp.full(jnp.shape(scale), MIN_SCALE, jnp.float32)
         elif spec.quant == "row":
             qs = stat
         elif spec.quant == "group":
@@ -210,6 +212,8 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec["out_dtype"] = _check_out_dtype(out_dtype)
     if quant == "tensor":
         scale = _check_scale(scale)
+    if quant == "current":
+        scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     if quant in ("row", "group"):
         spec["scale_ub"] = _check_scale_ub(scale_ub)
     if quant == "group":
@@ -319,6 +323,35 @@ def layer_norm_fp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
     return _with_h(outs, residual)
 
 
+def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn,
+                         eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
+                         h_dtype=None):
+    """RMSNorm with FP8 output, per-tensor current scaling: the scale comes
+    from this tensor's own ``amax = max |y|``.
+
+    ``scale_inv = max(amax / fp8_max, 1e-12)``, ``q = saturate(y * (1 /
+    scale_inv))``, so ``y ~ q * scale_inv``. The whole tensor's amax is needed
+    before anything is quantized: on the GPU this runs the norm twice (an amax
+    pass reading x, then the quantizing pass), with no host synchronization.
+
+    Returns:
+      ``(q, scale_inv)`` or ``(q, scale_inv, h)``: ``scale_inv`` a float32
+      scalar (under ``vmap``, one per example).
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
+    return _with_h(outs, residual)
+
+
+def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                           out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
+                           residual: Optional[Array] = None, h_dtype=None):
+    """LayerNorm with FP8 output, per-tensor current scaling: as :func:`rms_norm_fp8_current`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
+    return _with_h(outs, residual)
+
+
 def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: Optional[float] = None,
                          out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6, zero_centered_gamma: bool = False,
                          residual: Optional[Array] = None, h_dtype=None):
@@ -378,6 +411,6 @@ def layer_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, beta: Opti
     return _with_h(outs, residual)
 
 
-for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_rowwise, layer_norm_fp8_rowwise, rms_norm_fp8_groupwise,
+for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise, layer_norm_fp8_rowwise, rms_norm_fp8_groupwise,
            layer_norm_fp8_groupwise):
     _f.__doc__ += _FP8_DOC

@@ -173,18 +173,19 @@ batching.primitive_batchers[norm_fwd_p] = _fwd_batch
 #
 # With ``residual``: h = x + residual (in h_dtype) is stored and normalized.
 # With ``quant``: y is FP8 (out_dtype); qs is amax (quant "tensor": one per
-# tensor, shaped like ``scale``), the row scales (``x.shape[:-1]``) or the group
-# scales (``x.shape[:-1] + (hidden // group_size,)``). Absent operands and
+# tensor, shaped like ``scale``), the row scales (``x.shape[:-1]``), the group
+# scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
+# "current": shaped like ``scale``, whose values are not read). Absent operands and
 # outputs are empty placeholders: residual/h of shape (0,), scale/qs (0,) float32.
 
-QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3}
+QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
 
 
 @dataclasses.dataclass(frozen=True)
 class FusedSpec:
     residual: bool = False
     h_dtype: Optional[np.dtype] = None  # with residual
-    quant: Optional[str] = None  # None, "tensor", "row", "group"
+    quant: Optional[str] = None  # None, "tensor", "row", "group", "current"
     out_dtype: Optional[np.dtype] = None  # FP8 dtype with quant
     group_size: int = 0  # quant "group"
     scale_ub: float = math.inf  # quant "row"/"group"
@@ -218,7 +219,7 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
         outs.append(stat)
     elif fused.quant == "group":
         outs.append(_like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,), dtype=np.float32))
-    else:  # amax is shaped like scale; without quantization both are placeholders
+    else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
     return outs
 
@@ -242,7 +243,7 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
     x = batching.bdim_at_front(x, bx, size)
     if fused.residual:
         residual = batching.bdim_at_front(residual, br, size)
-    if fused.quant == "tensor":
+    if fused.quant in ("tensor", "current"):
         scale = batching.bdim_at_front(scale, bs, size)
     if any(b is not None for b in bps):
         present = [has_gamma, has_beta][:n_params]

@@ -132,7 +132,8 @@ FP8_SHAPES = [(3, 1), (5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)]
 
 
 def _fp8_fn(kind, quant, **kw):
-    name = {"tensor": "norm_fp8", "row": "norm_fp8_rowwise", "group": "norm_fp8_groupwise"}[quant]
+    name = {"tensor": "norm_fp8", "row": "norm_fp8_rowwise", "group": "norm_fp8_groupwise",
+            "current": "norm_fp8_current"}[quant]
     fn = getattr(jrn, ("rms_" if kind == "rms" else "layer_") + name)
     if kind == "rms":
         return lambda x, g, b, **k: fn(x, g, eps=EPS[kind], **kw, **k)
@@ -179,6 +180,29 @@ def test_fp8_rowwise(kind, dtype, shape, fmt, platform):
     # the row's largest |y| lands at (or within rounding of) the format's max
     np.testing.assert_allclose(np.abs(f64(q)).max(-1), m, rtol=FP8_RTOL[np.dtype(fmt)])
 
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)], ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_current(kind, dtype, shape, fmt, platform):
+    key = hash(("c", kind, shape)) % 1000
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, si = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt))(x_, g_, b_)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)} current"
+    assert si.shape == () and si.dtype == jnp.float32
+    np.testing.assert_allclose(float(si), ref_scales(np.abs(y).max(), fmt), rtol=2e-5, err_msg=what)
+    m = FP8_MAX[np.dtype(fmt)]
+    assert_fp8_close(q, np.clip(y / float(si), -m, m), fmt, what + " q", y_error(y) / float(si))
+    assert np.abs(f64(q)).max() == m
+    # an all-zero tensor: the floor scale, zeros out
+    q, si = _fp8_fn(kind, "current", out_dtype=fmt)(jnp.zeros_like(x_), g_, None)
+    assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
+
+
 GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
                (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800))]
 
@@ -209,7 +233,7 @@ def test_fp8_groupwise(kind, dtype, group, shape, fmt, platform):
     assert_fp8_close(q, want, fmt, what + " q", err)
 
 
-@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_with_residual(kind, quant, platform):
     for shape, dtype, r_dtype, h_dtype in [((6, 256), jnp.bfloat16, jnp.bfloat16, None),
@@ -234,6 +258,9 @@ def test_fp8_with_residual(kind, quant, platform):
         if quant == "tensor":
             np.testing.assert_allclose(float(qs), np.abs(y).max(), rtol=2e-5, err_msg=what)
             want, err = np.clip(y * 50.0, -448, 448), y_error(y) * 50.0
+        elif quant == "current":
+            np.testing.assert_allclose(float(qs), ref_scales(np.abs(y).max(), E4M3), rtol=2e-5, err_msg=what)
+            want, err = np.clip(y / float(qs), -448, 448), y_error(y) / float(qs)
         elif quant == "row":
             np.testing.assert_allclose(f64(qs), ref_scales(np.abs(y).max(-1), E4M3), rtol=2e-5, err_msg=what)
             want, err = np.clip(y / f64(qs)[..., None], -448, 448), y_error(y) / f64(qs)[..., None]
@@ -298,7 +325,7 @@ def test_fp8_zero_rows_and_scale_ub(kind, quant, platform):
     assert_fp8_close(q, want, E4M3, f"{kind} {quant} scale_ub", err)
 
 
-@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_nan_is_never_hidden(kind, quant, platform):
     x = np.array(random(5, (4, 64), jnp.float32))
@@ -308,6 +335,9 @@ def test_fp8_nan_is_never_hidden(kind, quant, platform):
     x_, g_, b_ = put(platform, jnp.asarray(x), gamma, beta)
     q, s = _fp8_fn(kind, quant)(x_, g_, b_, **kw)
     qf, s = f64(q), f64(s)
+    if quant == "current":  # the tensor's scale is NaN: so is all of q
+        assert np.isnan(s) and np.isnan(qf).all()
+        return
     assert np.isnan(qf[2]).all() and np.isfinite(np.delete(qf, 2, 0)).all()
     if quant == "tensor":
         assert np.isnan(s)
@@ -319,7 +349,7 @@ def test_fp8_nan_is_never_hidden(kind, quant, platform):
 # straight-through gradients
 
 
-@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_grad_straight_through(kind, dtype, quant, platform):
@@ -380,6 +410,8 @@ def test_vmap_fused(kind, platform):
     row = (lambda x, g: jrn.rms_norm_fp8_rowwise(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm_fp8_rowwise(x, g))
     grp = (lambda x, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=16)) if kind == "rms" else \
         (lambda x, g: jrn.layer_norm_fp8_groupwise(x, g, group_size=16))
+    cur = (lambda x, g, r: jrn.rms_norm_fp8_current(x, g, residual=r)) if kind == "rms" else \
+        (lambda x, g, r: jrn.layer_norm_fp8_current(x, g, residual=r))
     cases = [
         (add, (xs, rs, gs), (0, 0, 0)), (add, (xs, rs[0], gs[0]), (0, None, None)),
         (add, (xs[0], rs, gs[0]), (None, 0, None)),
@@ -387,6 +419,7 @@ def test_vmap_fused(kind, platform):
         (t, (jnp.swapaxes(xs, 0, 1), gs[0], scales, rs[0]), (1, None, 0, None)),
         (row, (xs, gs), (0, 0)), (row, (jnp.moveaxis(xs, 0, 2), gs[0]), (2, None)),
         (grp, (xs, gs), (0, 0)), (grp, (xs, gs[0]), (0, None)),
+        (cur, (xs, gs, rs), (0, 0, 0)), (cur, (jnp.swapaxes(xs, 0, 1), gs[0], rs[0]), (1, None, None)),
     ]
     for f, args, in_axes in cases:
         got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
@@ -474,6 +507,8 @@ _g = jnp.ones((32,), jnp.float32)
     (lambda: jrn.layer_norm_fp8(_x, _g, scale=jnp.ones((2,))), ValueError, "scale must be a scalar"),
     (lambda: jrn.rms_norm_fp8(_x, _g, scale=jnp.ones((), jnp.bfloat16)), TypeError, "scale must be float32"),
     (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub=0.0), ValueError, "scale_ub must be > 0"),
+    (lambda: jrn.rms_norm_fp8_current(_x, _g, out_dtype=jnp.int8), TypeError, "out_dtype must be float8"),
+    (lambda: jrn.layer_norm_fp8_current(_x, _g, residual=_x.astype(jnp.float16)), TypeError, "residual must"),
     (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub="1"), TypeError, "scale_ub must be a Python number"),
     (lambda: jrn.layer_norm_fp8_rowwise(_x, _g, out_dtype=jnp.float32), TypeError, "out_dtype"),
     (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=24), ValueError, "group_size must be >= 1 and divide"),

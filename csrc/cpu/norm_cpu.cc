@@ -110,9 +110,13 @@ struct CpuBackend {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
     std::vector<float> row(H), out(H);
-    const int64_t rows_per_tensor = a.quant == Quant::kTensor ? a.shape.rows / a.tensors : 0;
-    if (a.quant == Quant::kTensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
-    for (int64_t r = 0; r < a.shape.rows; ++r) {
+    const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
+    const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
+    if (per_tensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
+    // One pass over the rows; current scaling takes two: the first merges each
+    // tensor's amax (and stores h and the statistics), then amax becomes
+    // scale_inv, then the second quantizes.
+    auto row_pass = [&](int64_t r, bool second) {
       const int64_t g = r / rpg;
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
@@ -125,11 +129,11 @@ struct CpuBackend {
           const float v = row[i] + (a.residual_f32 ? static_cast<const float*>(a.residual)[k]
                                                    : to_float(static_cast<const T*>(a.residual)[k]));
           if (a.h_f32) {
-            static_cast<float*>(a.h)[k] = v;
+            if (!second) static_cast<float*>(a.h)[k] = v;
             row[i] = v;
           } else {
             const T hv = from_float<T>(v);
-            static_cast<T*>(a.h)[k] = hv;
+            if (!second) static_cast<T*>(a.h)[k] = hv;
             row[i] = to_float(hv);
           }
         }
@@ -154,12 +158,12 @@ struct CpuBackend {
       if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
       if (a.quant == Quant::kNone) {
         for (int64_t i = 0; i < H; ++i) static_cast<T*>(a.y)[r * H + i] = from_float<T>(out[i]);
-        continue;
+        return;
       }
       uint8_t* q = static_cast<uint8_t*>(a.y) + r * H;
       // Columns [c0, c0 + n) quantized with one scale: the given one, or the
       // one from their own max |y|.
-      auto quantize = [&](int64_t c0, int64_t n, float* scale_out, float given_mul) {
+      auto quantize = [&](int64_t c0, int64_t n, float* scale_out, float given_mul, bool store = true) {
         float m = 0.f;
         for (int64_t i = c0; i < c0 + n; ++i) m = nan_max(m, std::fabs(out[i]));
         float mul = given_mul;
@@ -168,18 +172,31 @@ struct CpuBackend {
           *scale_out = s;
           mul = 1.f / s;
         }
-        for (int64_t i = c0; i < c0 + n; ++i) q[i] = to_fp8(out[i] * mul, a.fp8);
+        if (store) {
+          for (int64_t i = c0; i < c0 + n; ++i) q[i] = to_fp8(out[i] * mul, a.fp8);
+        }
         return m;
       };
-      if (a.quant == Quant::kTensor) {
+      if (per_tensor) {
         const int64_t t = r / rows_per_tensor;
-        a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, a.scale[t]));
+        if (!current) {
+          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, a.scale[t]));
+        } else if (!second) {
+          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, 0.f, false));
+        } else {
+          quantize(0, H, nullptr, 1.f / a.amax[t]);  // amax holds scale_inv by now
+        }
       } else if (a.quant == Quant::kRow) {
         quantize(0, H, a.qscale + r, 0.f);
       } else {
         const int64_t G = a.group_size, per_row = H / G;
         for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
       }
+    };
+    for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, false);
+    if (current) {
+      for (int64_t t = 0; t < a.tensors; ++t) a.amax[t] = quant_scale(a.amax[t], a.fp8, a.scale_ub);
+      for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, true);
     }
     return ffi::Error::Success();
   }

@@ -132,6 +132,15 @@ __device__ __forceinline__ void store_pack_as(void* base, bool f32, int64_t idx,
   }
 }
 
+// Rounds f to what a float32 (`f32`) or T buffer would store.
+template <int N, class T>
+__device__ __forceinline__ void round_as(bool f32, float (&f)[N]) {
+  if (!f32) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(from_float<T>(f[i]));
+  }
+}
+
 // Stores N floats as FP8 (saturating at the format's largest finite value,
 // round to nearest even, NaN kept) with one access when N is even.
 template <int N>

@@ -13,7 +13,8 @@
 // written as FP8: times the given per-tensor scale (max |y| atomically merged
 // into amax), or divided by a scale computed from the row's / the group's own
 // max |y| (row maxima with the row-sum machinery; groups of up to 32 lanes by
-// shuffles in fwd_regs, a thread per group in fwd_stream).
+// shuffles in fwd_regs, a thread per group in fwd_stream). Current scaling
+// (a scale from the tensor's own amax) runs the per-tensor kernels twice.
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -93,7 +94,11 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
         load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
-        store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
+        if (!a.no_output) {
+          store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
+        } else {
+          round_as<VEC, T>(a.h_f32, v[i]);
+        }
       }
     } else {
 #pragma unroll
@@ -132,7 +137,11 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
   float m = 0.f;  // max |y| of this thread's columns
-  const float tensor_scale = Q == Quant::kTensor && valid ? a.scale[row / (a.shape.rows / a.tensors)] : 0.f;
+  float tensor_scale = 0.f;
+  if (Q == Quant::kTensor && valid && !a.no_output) {
+    tensor_scale = a.scale[row / (a.shape.rows / a.tensors)];
+    if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
+  }
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
       if constexpr (Q == Quant::kNone) {
         store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
       } else if constexpr (Q == Quant::kTensor) {
-        store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+        if (!a.no_output) store_q<VEC>(a, row * H + col, v[i], tensor_scale);
       }
     } else {
 #pragma unroll
@@ -162,10 +171,12 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
     }
   }
   if constexpr (Q == Quant::kTensor) {
-    float mm[1] = {m};
-    row_sum<1>(mm, smem, AbsMaxOp{});  // this CTA's part of the row
-    __shared__ float row_max[kBlockThreads];  // rows per CTA <= kBlockThreads
-    merge_amax(a, static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y, mm[0], row_max);
+    if (a.amax) {  // uniform over the CTA
+      float mm[1] = {m};
+      row_sum<1>(mm, smem, AbsMaxOp{});  // this CTA's part of the row
+      __shared__ float row_max[kBlockThreads];  // rows per CTA <= kBlockThreads
+      merge_amax(a, static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y, mm[0], row_max);
+    }
   } else if constexpr (Q == Quant::kRow) {
     float mm[1] = {m};
     row_sum<1>(mm, smem, AbsMaxOp{});
@@ -242,7 +253,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
     load_row(p * VEC, v);
-    if (a.residual) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
+    if (a.residual && !a.no_output) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = v[j] - shift;
@@ -296,7 +307,11 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
       inv = 1.f / scale;
       if (threadIdx.x == 0) a.qscale[row] = scale;
     }
-    const float mul = Q == Quant::kTensor ? a.scale[row / (a.shape.rows / a.tensors)] : inv;
+    float mul = inv;
+    if (Q == Quant::kTensor && !a.no_output) {
+      mul = a.scale[row / (a.shape.rows / a.tensors)];
+      if (a.scale_inverted) mul = 1.f / mul;
+    }
     float m[1] = {0.f};
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
       float v[VEC];
@@ -305,11 +320,13 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
       }
-      store_q<VEC>(a, row * H + p * VEC, v, mul);
+      if (!a.no_output) store_q<VEC>(a, row * H + p * VEC, v, mul);
     }
     if constexpr (Q == Quant::kTensor) {
-      row_sum<1>(m, smem, AbsMaxOp{});
-      if (threadIdx.x == 0) atomic_abs_max(a.amax + row / (a.shape.rows / a.tensors), m[0]);
+      if (a.amax) {  // uniform over the CTA
+        row_sum<1>(m, smem, AbsMaxOp{});
+        if (threadIdx.x == 0) atomic_abs_max(a.amax + row / (a.shape.rows / a.tensors), m[0]);
+      }
     }
   } else {
     // A thread per group: its max, then the group again, quantized.
@@ -379,8 +396,10 @@ template <NormKind K, Quant Q, class T, class P>
 ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
   if constexpr (Q == Quant::kTensor) {
     // amax is merged into atomically: zeroed first, in the stream.
-    cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
-    if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
+    if (a.amax) {
+      cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
+      if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
+    }
     if (a.shape.rows == 0) return ffi::Error::Success();
   }
   constexpr int kVec = 16 / sizeof(T);
@@ -389,6 +408,34 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
                       (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
                       (Q != Quant::kGroup || a.group_size % kVec == 0);
   return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec>(stream, a) : launch_fwd_vec<K, Q, T, P, 1>(stream, a);
+}
+
+// scale_inv[t] = quant_scale(amax[t]), in place.
+__global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float ub) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < tensors;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    amax[t] = quant_scale(amax[t], fmt, ub);
+}
+
+// Current scaling, in three launches on the stream: the per-tensor pass with
+// no output but amax (and the statistics), amax turned into scale_inv, then
+// the per-tensor pass again with q = y / scale_inv, h written.
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
+  FwdArgs measure = a;
+  measure.quant = Quant::kTensor;
+  measure.no_output = true;
+  JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, measure)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((a.tensors + 255) / 256, 1024));
+  amax_to_scale_inv<<<blocks, 256, 0, stream>>>(a.amax, a.tensors, a.fp8, a.scale_ub);
+  JRN_RETURN_IF_ERROR(check_launch("amax_to_scale_inv"));
+  if (a.shape.rows == 0) return ffi::Error::Success();
+  FwdArgs quantize = a;
+  quantize.quant = Quant::kTensor;
+  quantize.scale = a.amax;
+  quantize.scale_inverted = true;
+  quantize.amax = nullptr;
+  return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize);
 }
 
 }  // namespace
@@ -400,6 +447,7 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
     case Quant::kTensor: return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, a);
     case Quant::kRow: return launch_fwd_quant<K, Quant::kRow, T, P>(stream, a);
     case Quant::kGroup: return launch_fwd_quant<K, Quant::kGroup, T, P>(stream, a);
+    case Quant::kCurrent: return launch_fwd_current<K, T, P>(stream, a);
   }
   return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
 }
