@@ -11,7 +11,8 @@ is checked against the jnp composition before it is timed.
 Bytes counted are the ones the fused op must move: inputs read once (x, the
 residual, the parameters) and outputs written once (y or q, h, the statistics,
 amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
-tensor's amax is needed before anything is quantized). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
+tensor's amax is needed before anything is quantized; ``_t`` adds the
+transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
 norm, forward and backward in one jit (as in a training step): the forward's
 bytes plus the backward's (dy, dh and h read, dx written: the gradient of both
 x and the residual, and dgamma); its jnp counterpart is ``jax.vjp`` of the
@@ -36,7 +37,7 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
-       "rms_fp8_current", "add_rms_fp8", "add_rms_fp8_row"]
+       "rms_fp8_current", "rms_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row"]
 
 
 def jnp_norm32(kind, x, g, b):
@@ -71,7 +72,8 @@ def make(op, g, b, fmt, group, zc_scale):
     residual = op.startswith("add_")
     mode = None
     if "fp8" in op:
-        mode = {"row": "row", "group": "group", "current": "current"}.get(op.rsplit("_", 1)[-1], "tensor")
+        mode = "current" if "_current" in op else ("row" if op.endswith("_row") else (
+            "group" if op.endswith("_group") else "tensor"))
     plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
     if op.endswith("_fwdbwd"):
         fused = (lambda x, r: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r: jrn.add_layer_norm(x, r, g, b))
@@ -90,6 +92,8 @@ def make(op, g, b, fmt, group, zc_scale):
         kw["scale"] = zc_scale
     if mode == "group":
         kw["group_size"] = group
+    if op.endswith("_current_t"):
+        kw["transpose"] = True
     if mode:
         kw["out_dtype"] = FP8[fmt]
     if kind == "rms":
@@ -108,7 +112,8 @@ def make(op, g, b, fmt, group, zc_scale):
         if mode is None:
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
         q, s = quantize(jnp_norm32(kind, h, g, b), mode, fmt, zc_scale, group)
-        return (q, s, h) if residual else (q, s)
+        out = (q, s, h) if residual else (q, s)
+        return (*out, q.reshape(-1, q.shape[-1]).T) if op.endswith("_current_t") else out
 
     if residual:
         return jax.jit(call), jax.jit(comp), plain, kind, residual, mode, False
@@ -122,6 +127,7 @@ def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
         return 8 * m * h * s + 3 * params + 2 * stats
     out = m * h * (1 if mode else s)
     qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
+    out *= 2 if op.endswith("_current_t") else 1  # q and q_t
     return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
 
 

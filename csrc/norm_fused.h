@@ -108,14 +108,35 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   return ffi::Error::Success();
 }
 
+// An FP8 array (..., rows, cols) and its transpose (..., cols, rows): the
+// leading dimensions are a batch.
+// dims: batch, rows, cols.
+inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt, int64_t* dims) {
+  int64_t *batch = dims, *rows = dims + 1, *cols = dims + 2;
+  auto d = q.dimensions();
+  auto dt = qt.dimensions();
+  if (d.size() < 2 || dt.size() != d.size())
+    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose needs rank >= 2");
+  const auto t = q.element_type();
+  if ((t != ffi::DataType::F8E4M3FN && t != ffi::DataType::F8E5M2) || qt.element_type() != t)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose takes FP8 arrays of one dtype");
+  *rows = d[d.size() - 2];
+  *cols = d[d.size() - 1];
+  if (dt[dt.size() - 2] != *cols || dt[dt.size() - 1] != *rows || qt.element_count() != q.element_count())
+    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose's output must be (..., cols, rows)");
+  *batch = *rows * *cols > 0 ? static_cast<int64_t>(q.element_count()) / (*rows * *cols) : 0;
+  return ffi::Error::Success();
+}
+
 }  // namespace jrn
 
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
 // Forward: (x, gamma, [beta,] residual, scale) -> (y, [mean,] rstd, h, qs), the
 // absent ones empty placeholders. qs is amax (kTensor), the row scales (kRow),
-// the group scales (kGroup) or scale_inv (kCurrent). Backward: the plain backward's operands plus
-// dh, added to dx.
+// the group scales (kGroup) or scale_inv (kCurrent). Backward: the plain
+// backward's operands plus dh, added to dx. Fp8Transpose: q (..., rows, cols)
+// -> q_t (..., cols, rows), bytes moved as they are.
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
   namespace jrn_fused_##PREFIX {                                                                \
   using namespace ::jrn;                                                                        \
@@ -265,4 +286,14 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##Fp8Transpose,                                                                     \
+      [](CTX_DECL ::xla::ffi::AnyBuffer q, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt) {      \
+        int64_t dims[3] = {};  /* batch, rows, cols */                                          \
+        if (auto e = ::jrn::decode_transpose(q, *qt, dims); e.failure()) return e;              \
+        if (dims[0] * dims[1] * dims[2] == 0) return ::xla::ffi::Error::Success();              \
+        return BACKEND::transpose8(CTX q.untyped_data(), qt->untyped_data(), dims[0], dims[1], dims[2]); \
+      },                                                                                        \
+      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible})

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - depends on the build
 
 TARGETS = ("jrn_rms_norm_fwd", "jrn_rms_norm_bwd", "jrn_layer_norm_fwd", "jrn_layer_norm_bwd",
            "jrn_rms_norm_fwd_fused", "jrn_layer_norm_fwd_fused", "jrn_rms_norm_bwd_add",
-           "jrn_layer_norm_bwd_add")
+           "jrn_layer_norm_bwd_add", "jrn_fp8_transpose")
 
 for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

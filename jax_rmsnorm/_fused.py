@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from ._api import _Config, _check_eps, _check_param, _check_x, _dtype_name, _as_array, _backward, \
     _sum_to_primal_vma
-from ._primitives import LAYER, RMS, FusedSpec, _placeholder, norm_bwd, norm_fwd_fused
+from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, norm_bwd, norm_fwd_fused
 
 Array = jax.Array
 
@@ -228,6 +228,23 @@ def _with_h(outs, residual):
     return (q, qs) if residual is None else (q, qs, h)
 
 
+@jax.custom_vjp
+def _transposed(q2):
+    """(rows, hidden) -> (hidden, rows) by the transpose kernel."""
+    return fp8_transpose(q2) if q2.size else jnp.swapaxes(q2, -1, -2)
+
+
+def _transposed_fwd(q2):
+    return _transposed(q2), None
+
+
+def _transposed_bwd(_, ct):
+    return (jnp.swapaxes(ct, -1, -2),)
+
+
+_transposed.defvjp(_transposed_fwd, _transposed_bwd)
+
+
 # ---------------------------------------------------------------------------
 # public API: residual add
 
@@ -325,7 +342,7 @@ def layer_norm_fp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
 
 def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn,
                          eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
-                         h_dtype=None):
+                         h_dtype=None, transpose: bool = False):
     """RMSNorm with FP8 output, per-tensor current scaling: the scale comes
     from this tensor's own ``amax = max |y|``.
 
@@ -334,22 +351,37 @@ def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=j
     before anything is quantized: on the GPU this runs the norm twice (an amax
     pass reading x, then the quantizing pass), with no host synchronization.
 
+    Args:
+      transpose: also return ``q_t = q.reshape(-1, hidden).T``, shape
+        ``(hidden, rows)`` (``rows = prod(x.shape[:-1])``), for the next
+        matmul's backward; written by a tiled transpose kernel from ``q``.
+
     Returns:
-      ``(q, scale_inv)`` or ``(q, scale_inv, h)``: ``scale_inv`` a float32
-      scalar (under ``vmap``, one per example).
+      ``(q, scale_inv)``, then ``h`` with ``residual``, then ``q_t`` with
+      ``transpose``: ``scale_inv`` a float32 scalar (under ``vmap``, one per
+      example).
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
                 h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
-    return _with_h(outs, residual)
+    return _with_t(_with_h(outs, residual), transpose)
 
 
 def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                            out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
-                           residual: Optional[Array] = None, h_dtype=None):
+                           residual: Optional[Array] = None, h_dtype=None, transpose: bool = False):
     """LayerNorm with FP8 output, per-tensor current scaling: as :func:`rms_norm_fp8_current`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                 h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
-    return _with_h(outs, residual)
+    return _with_t(_with_h(outs, residual), transpose)
+
+
+def _with_t(outs, transpose):
+    if not isinstance(transpose, bool):
+        raise TypeError(f"transpose must be a bool, got {type(transpose).__name__}")
+    if not transpose:
+        return outs
+    q = outs[0]
+    return (*outs, _transposed(q.reshape(-1, q.shape[-1])))
 
 
 def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: Optional[float] = None,

@@ -256,6 +256,36 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
 
 
 # ---------------------------------------------------------------------------
+# FP8 transpose: q (..., rows, cols) -> q_t (..., cols, rows), the transposed
+# copy of a quantized output (leading dims are a batch).
+
+fp8_transpose_p = Primitive("jax_rmsnorm_fp8_transpose")
+
+
+def fp8_transpose(q):
+    return fp8_transpose_p.bind(q)
+
+
+def _transpose_abstract(q):
+    return _like(q, _vma(q), shape=q.shape[:-2] + (q.shape[-1], q.shape[-2]))
+
+
+def _transpose_lowering(ctx, q, platform):
+    del platform
+    return _ffi_call_lowering("jrn_fp8_transpose", ctx, (q,))
+
+
+def _transpose_batch(args, dims):
+    (q,), (bq,) = args, dims
+    return fp8_transpose_p.bind(batching.bdim_at_front(q, bq, q.shape[bq])), 0
+
+
+fp8_transpose_p.def_impl(lambda q: jax.jit(fp8_transpose_p.bind)(q))
+fp8_transpose_p.def_abstract_eval(_transpose_abstract)
+_register_lowering(fp8_transpose_p, _transpose_lowering)
+batching.primitive_batchers[fp8_transpose_p] = _transpose_batch
+
+# ---------------------------------------------------------------------------
 # backward: (dy, x[, mean], rstd, gamma, beta) -> (dx, dgamma[, dbeta])
 #
 # ``beta`` is an operand for its shape and dtype only (dbeta is shaped like it);

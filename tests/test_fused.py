@@ -198,6 +198,12 @@ def test_fp8_current(kind, dtype, shape, fmt, platform):
     m = FP8_MAX[np.dtype(fmt)]
     assert_fp8_close(q, np.clip(y / float(si), -m, m), fmt, what + " q", y_error(y) / float(si))
     assert np.abs(f64(q)).max() == m
+    # the transposed copy: q's bytes, (hidden, rows)
+    q2, si2, qt = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt, transpose=True))(x_, g_, b_)
+    rows = math.prod(shape[:-1])
+    assert qt.shape == (shape[-1], rows) and qt.dtype == q.dtype and float(si2) == float(si)
+    np.testing.assert_array_equal(np.asarray(qt).view(np.uint8), np.asarray(q2).reshape(rows, -1).T.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(q2).view(np.uint8), np.asarray(q).view(np.uint8))
     # an all-zero tensor: the floor scale, zeros out
     q, si = _fp8_fn(kind, "current", out_dtype=fmt)(jnp.zeros_like(x_), g_, None)
     assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
@@ -412,6 +418,8 @@ def test_vmap_fused(kind, platform):
         (lambda x, g: jrn.layer_norm_fp8_groupwise(x, g, group_size=16))
     cur = (lambda x, g, r: jrn.rms_norm_fp8_current(x, g, residual=r)) if kind == "rms" else \
         (lambda x, g, r: jrn.layer_norm_fp8_current(x, g, residual=r))
+    cur_t = (lambda x, g: jrn.rms_norm_fp8_current(x, g, transpose=True)) if kind == "rms" else \
+        (lambda x, g: jrn.layer_norm_fp8_current(x, g, transpose=True))
     cases = [
         (add, (xs, rs, gs), (0, 0, 0)), (add, (xs, rs[0], gs[0]), (0, None, None)),
         (add, (xs[0], rs, gs[0]), (None, 0, None)),
@@ -420,6 +428,7 @@ def test_vmap_fused(kind, platform):
         (row, (xs, gs), (0, 0)), (row, (jnp.moveaxis(xs, 0, 2), gs[0]), (2, None)),
         (grp, (xs, gs), (0, 0)), (grp, (xs, gs[0]), (0, None)),
         (cur, (xs, gs, rs), (0, 0, 0)), (cur, (jnp.swapaxes(xs, 0, 1), gs[0], rs[0]), (1, None, None)),
+        (cur_t, (xs, gs), (0, 0)), (cur_t, (jnp.moveaxis(xs, 0, 2), gs[0]), (2, None)),
     ]
     for f, args, in_axes in cases:
         got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
@@ -508,6 +517,7 @@ _g = jnp.ones((32,), jnp.float32)
     (lambda: jrn.rms_norm_fp8(_x, _g, scale=jnp.ones((), jnp.bfloat16)), TypeError, "scale must be float32"),
     (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub=0.0), ValueError, "scale_ub must be > 0"),
     (lambda: jrn.rms_norm_fp8_current(_x, _g, out_dtype=jnp.int8), TypeError, "out_dtype must be float8"),
+    (lambda: jrn.rms_norm_fp8_current(_x, _g, transpose=1), TypeError, "transpose must be a bool"),
     (lambda: jrn.layer_norm_fp8_current(_x, _g, residual=_x.astype(jnp.float16)), TypeError, "residual must"),
     (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub="1"), TypeError, "scale_ub must be a Python number"),
     (lambda: jrn.layer_norm_fp8_rowwise(_x, _g, out_dtype=jnp.float32), TypeError, "out_dtype"),
@@ -519,3 +529,15 @@ _g = jnp.ones((32,), jnp.float32)
 def test_fused_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_fp8_transpose_grad_is_straight_through(platform):
+    x = random(40, (6, 96), jnp.bfloat16)
+    g = random(41, (96,), jnp.float32, offset=1.0)
+    w = random(42, (6, 96), jnp.float32).astype(E4M3).astype(jnp.float32)
+    x, g = put(platform, x, g)
+    via_t = jax.grad(lambda x, g: jnp.sum(jrn.rms_norm_fp8_current(x, g, transpose=True)[2].astype(jnp.float32) * w.T),
+                     (0, 1))(x, g)
+    via_q = jax.grad(lambda x, g: jnp.sum(jrn.rms_norm_fp8_current(x, g)[0].astype(jnp.float32) * w), (0, 1))(x, g)
+    for a, b in zip(via_t, via_q):
+        np.testing.assert_array_equal(f64(a), f64(b))

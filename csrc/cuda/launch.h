@@ -15,6 +15,10 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a);
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a);
 
+// out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.
+ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
+                             int64_t cols);
+
 // Applies MACRO(K, T, P) to every instantiated combination.
 #define JRN_FOR_EACH_INSTANCE(MACRO)                                       \
   MACRO(::jrn::NormKind::kRms, float, float)                               \

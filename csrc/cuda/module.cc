@@ -22,6 +22,10 @@ struct CudaBackend {
   static ffi::Error bwd(cudaStream_t stream, const BwdArgs& a) {
     return cuda::launch_bwd<K, T, P>(stream, a);
   }
+  static ffi::Error transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
+                               int64_t cols) {
+    return cuda::launch_transpose8(stream, in, out, batch, rows, cols);
+  }
 };
 
 }  // namespace jrn
