@@ -57,6 +57,18 @@ def bench(fn, arg_sets, iters, reps):
     return statistics.median(times)
 
 
+def copy_seconds(xs, dev, iters, reps):
+    """The copy reference: the faster of XLA's x -> -x and a device-to-device
+    copy of the buffer (device_put with may_alias=False), seconds per call."""
+    t = bench(jax.jit(lambda x: -x), [(x,) for x in xs], iters, reps)
+    try:
+        memcpy = lambda x: jax.device_put(x, dev, may_alias=False)
+        t = min(t, bench(memcpy, [(x,) for x in xs], iters, reps))
+    except TypeError:  # older JAX without may_alias
+        pass
+    return t
+
+
 def chained(fn, n, backward):
     """fn applied n times back to back in one jit (unrolled, no loop overhead):
     the output (dx for a backward) feeds the next application."""
@@ -101,7 +113,6 @@ def main():
 
     shapes = ([(r, h) for h in args.hidden for r in args.rows] if args.rows
               else [(max(1, args.elements // h), h) for h in args.hidden])
-    neg = jax.jit(lambda x: -x)
     rows_out = []
     print(f"{'op':8} {'dtype':9} {'shape':>14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'xla us':>9} {'xla TB/s':>8} {'vs xla':>7}")
     for (m, h) in shapes:
@@ -111,14 +122,7 @@ def main():
         g = (1.0 + 0.1 * jax.random.normal(keys[2], (h,), jnp.float32)).astype(pdt)
         b = (0.1 * jax.random.normal(keys[3], (h,), jnp.float32)).astype(pdt)
         s, ps = dt.itemsize, pdt.itemsize
-        # The copy reference: the faster of XLA's x -> -x and a device-to-device
-        # copy of the buffer (device_put with may_alias=False).
-        copy_t = bench(neg, [(x,) for x in xs], args.iters, args.reps)
-        try:
-            memcpy = lambda x: jax.device_put(x, dev, may_alias=False)
-            copy_t = min(copy_t, bench(memcpy, [(x,) for x in xs], args.iters, args.reps))
-        except TypeError:  # older JAX without may_alias
-            pass
+        copy_t = copy_seconds(xs, dev, args.iters, args.reps)
         copy_bw = 2 * m * h * s / copy_t
         for op in args.ops:
             kind = "rms" if op.startswith("rms") else "layer"

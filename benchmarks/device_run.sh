@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -13,6 +13,10 @@ for step in "$@"; do
     tests) python3 -m pytest -q -rs tests -k gpu 2>&1 | tee "$OUT/tests_gpu.log" | tail -15 ;;
     dist) python3 benchmarks/bench_dist.py 2>&1 | tee "$OUT/bench_dist.log" ;;
     bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
+    bench-fused)  # residual add + norm, FP8 output (issue 5)
+      { python3 benchmarks/bench_fused.py
+        python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
+      } 2>&1 | tee "$OUT/bench_fused.log" | grep -v '^|' ;;
     bench-extra)  # other dtypes, float32 params, Gemma scale, decode-time row counts
       { python3 benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384
         python3 benchmarks/bench_norm.py --dtype float16 --hidden 4096 16384

@@ -23,6 +23,29 @@ def check(a, b, tol):
     assert (err <= 0).all(), float(err.max())
 
 
+def fused(x, r, g, tol):
+    """The fused variants (residual add, FP8 per tensor / current / row / group),
+    GPU against this library's CPU kernels (FP8 within one FP8 step)."""
+    cpu = jax.devices("cpu")[0]
+    on_cpu = lambda *a: [jax.device_put(v, cpu) for v in a]
+    h = x.shape[-1]
+    calls = [
+        lambda x, r, g: jrn.add_layer_norm(x, r, g, g, h_dtype=jnp.float32),
+        lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=20.0, residual=r),
+        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, residual=r),
+        lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g, residual=r),
+    ] + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs, residual=r)
+         for gs in (16, 128, 24) if h % gs == 0]
+    for f in calls:
+        got, want = f(x, r, g), f(*on_cpu(x, r, g))
+        for a, b in zip(got, want):
+            fp8 = a.dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2)
+            check(a.astype(jnp.float32), b.astype(jnp.float32), 0.13 if fp8 else max(tol, 1e-4))
+    loss = lambda x, r, g: sum(jnp.sum(v.astype(jnp.float32)) for v in jrn.add_rms_norm(x, r, g))
+    for a, b in zip(jax.grad(loss, (0, 1, 2))(x, r, g), jax.grad(loss, (0, 1, 2))(*on_cpu(x, r, g))):
+        check(a, b, tol)
+
+
 def main():
     assert jax.devices()[0].platform == "gpu", "needs a GPU"
     for m, h in SHAPES:
@@ -62,6 +85,7 @@ def main():
             xs = x[: (m // 2) * 2].reshape(2, m // 2, h) if m >= 2 else x[None]
             gs = jnp.stack([g] * xs.shape[0])
             jax.block_until_ready(jax.vmap(jax.grad(lambda x, g: jrn.rms_norm(x, g).astype(jnp.float32).sum(), (0, 1)))(xs, gs))
+            fused(x, dy, g, tol)
         print(f"ok {m}x{h}", flush=True)
     print("sanitize run: all paths ok")
 

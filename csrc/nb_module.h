@@ -22,6 +22,11 @@
       d["jrn_layer_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormApply));\
       d["jrn_rms_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGiven));\
       d["jrn_layer_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdGiven));\
+      d["jrn_rms_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormFwdFused)); \
+      d["jrn_layer_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwdFused)); \
+      d["jrn_rms_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdAdd)); \
+      d["jrn_layer_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdAdd)); \
+      d["jrn_fp8_transpose"] = nb::capsule(reinterpret_cast<void*>(PREFIX##Fp8Transpose)); \
       return d;                                                                         \
     });                                                                                 \
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -18,6 +19,12 @@ namespace jrn {
 namespace ffi = xla::ffi;
 
 enum class NormKind { kRms, kLayer };
+
+// FP8 output of the fused forward (norm_fused.h): none, one scale per tensor
+// (given; amax returned), per row or per group of columns (computed), or one
+// per tensor computed from the tensor's own amax (current scaling).
+enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent };
+enum class Fp8 { kE4M3, kE5M2 };
 
 // A normalization problem: `rows` rows of `hidden` elements. The parameters
 // (gamma, beta) have `groups` rows; row r uses parameter row r / (rows / groups).
@@ -119,6 +126,22 @@ struct FwdArgs {
   // "Apply" mode (hidden dim split across devices): mean/rstd are inputs,
   // already combined across the devices; only y is written.
   bool given_stats = false;
+  // Fused variants (norm_fused.h); left at these defaults by the plain norm.
+  const void* residual = nullptr;  // h = x + residual is stored to `h` and normalized
+  void* h = nullptr;
+  bool residual_f32 = false;  // residual / h are float32 (else x's dtype)
+  bool h_f32 = false;
+  Quant quant = Quant::kNone;  // y is FP8 in format `fp8`
+  Fp8 fp8 = Fp8::kE4M3;
+  const float* scale = nullptr;  // kTensor: q = y * scale[t], one per tensor t
+  float* amax = nullptr;         // kTensor: max |y| of tensor t (zeroed before the kernel)
+                                 // kCurrent: the scale_inv output
+  bool scale_inverted = false;   // kTensor: q = y / scale[t] (CUDA: current scaling's 2nd pass)
+  bool no_output = false;        // kTensor: amax only, y and h not written (CUDA: its 1st pass)
+  int64_t tensors = 0;           // kTensor: x's rows split evenly into tensors (vmap)
+  float* qscale = nullptr;       // kRow: one per row; kGroup: rows x (hidden / group_size)
+  float scale_ub = std::numeric_limits<float>::infinity();  // kRow / kGroup: upper bound
+  int64_t group_size = 0;        // kGroup
 };
 
 struct BwdArgs {
@@ -140,6 +163,7 @@ struct BwdArgs {
   // mean(gdy)) over the whole row, already combined across the devices. When
   // set, the kernels use them instead of their own (local) row means.
   const float* coef = nullptr;
+  const void* dh = nullptr;  // fused residual add: dx += dh (x's dtype)
   JRN_HOST_DEVICE int param_outputs() const { return (dgamma ? 1 : 0) + (dbeta ? 1 : 0); }
 };
 

@@ -19,6 +19,18 @@ from ._api import (
     rms_norm_stats,
 )
 from ._ffi import cuda_built, export_checks
+from ._fused import (
+    add_layer_norm,
+    add_rms_norm,
+    layer_norm_fp8,
+    layer_norm_fp8_current,
+    layer_norm_fp8_groupwise,
+    layer_norm_fp8_rowwise,
+    rms_norm_fp8,
+    rms_norm_fp8_current,
+    rms_norm_fp8_groupwise,
+    rms_norm_fp8_rowwise,
+)
 
 __version__ = "0.1.0"
 
@@ -34,6 +46,16 @@ __all__ = [
     "layer_norm_stats",
     "layer_norm_apply",
     "all_reduce_rms_norm",
+    "add_rms_norm",
+    "add_layer_norm",
+    "rms_norm_fp8",
+    "layer_norm_fp8",
+    "rms_norm_fp8_current",
+    "layer_norm_fp8_current",
+    "rms_norm_fp8_rowwise",
+    "layer_norm_fp8_rowwise",
+    "rms_norm_fp8_groupwise",
+    "layer_norm_fp8_groupwise",
     "cuda_built",
     "export_checks",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
+from typing import Optional
 
 import numpy as np
 import jax
@@ -108,6 +109,7 @@ R = "r"   # (rows...): mean, rstd
 C = "c"   # (rows..., 2): pairs of per-row statistics
 P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
 E = "e"   # (0,): an absent parameter's placeholder
+S = "s"   # replicated: a per-tensor scale or amax (one per vmapped example)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,9 @@ class _Static:
             if k == name:
                 return v
         raise AttributeError(name)
+
+    def get(self, name, default=None):
+        return dict(self.params).get(name, default)
 
 
 def _call(target, outs, *operands, **attrs):
@@ -159,14 +164,61 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
     return (outs[0], None, outs[1]) if kind == RMS else tuple(outs)
 
 
-def _fwd_roles(kind, has_gamma, has_beta, given_stats, **_):
+# The fused forward: the forward primitive with ``fused`` set (a FusedSpec).
+#
+# (x, gamma[, beta], residual, scale) -> (y[, mean], rstd, h, qs)
+#
+# With ``residual``: h = x + residual (in h_dtype) is stored and normalized.
+# With ``quant``: y is FP8 (out_dtype); qs is amax (quant "tensor": one per
+# tensor, shaped like ``scale``), the row scales (``x.shape[:-1]``), the group
+# scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
+# "current": shaped like ``scale``, whose values are not read). Absent operands and
+# outputs are empty placeholders: residual/h of shape (0,), scale/qs (0,) float32.
+
+QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedSpec:
+    residual: bool = False
+    h_dtype: Optional[np.dtype] = None  # with residual
+    quant: Optional[str] = None  # None, "tensor", "row", "group", "current"
+    out_dtype: Optional[np.dtype] = None  # FP8 dtype with quant
+    group_size: int = 0  # quant "group"
+    scale_ub: float = math.inf  # quant "row"/"group"
+
+
+def norm_fwd_fused(x, gamma, beta, residual, scale, *, kind, eps, zero_centered_gamma, has_gamma,
+                   has_beta, fused: FusedSpec):
+    """Binds the fused forward; returns ``(y, mean, rstd, h, qs)`` (None where absent)."""
+    params = dict(kind=kind, eps=float(eps), zero_centered_gamma=bool(zero_centered_gamma),
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta), given_stats=False, fused=fused)
+    if residual is None:
+        residual = _placeholder(x.dtype)
+    if scale is None:
+        scale = _placeholder(np.float32)
+    if kind == RMS:
+        y, rstd, h, qs = norm_fwd_p.bind(x, gamma, residual, scale, **params)
+        mean = None
+    else:
+        y, mean, rstd, h, qs = norm_fwd_p.bind(x, gamma, beta, residual, scale, **params)
+    return y, mean, rstd, (h if fused.residual else None), (qs if fused.quant else None)
+
+
+def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
     stats = [R] if kind == RMS else [R, R]
+    if fused is not None:
+        h = X if fused.residual else E
+        qs = {None: E, "tensor": S, "current": S, "row": R, "group": C}[fused.quant]
+        return [X, *params, h, S], [X, *stats, h, qs]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
 
 
-def _fwd_abstract(x, *rest, kind, given_stats, **_):
+def _fwd_abstract(x, *rest, kind, given_stats, fused=None, **_):
+    if fused is not None:
+        return _fwd_fused_abstract(x, *rest, kind=kind, fused=fused)
     vma = _vma(x, *rest)
     y = _like(x, vma)
     if given_stats:
@@ -175,12 +227,37 @@ def _fwd_abstract(x, *rest, kind, given_stats, **_):
     return [y, stat] if kind == RMS else [y, stat, stat]
 
 
+def _fwd_fused_abstract(x, *rest, kind, fused):
+    residual, scale = rest[-2:]
+    vma = _vma(x, *rest)
+    outs = [_like(x, vma, dtype=fused.out_dtype if fused.quant else None)]
+    stat = _like(x, vma, shape=x.shape[:-1], dtype=np.float32)
+    outs += [stat] if kind == RMS else [stat, stat]
+    outs.append(_like(x, vma, dtype=fused.h_dtype) if fused.residual else _like(residual, vma))
+    if fused.quant == "row":
+        outs.append(stat)
+    elif fused.quant == "group":
+        outs.append(_like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,),
+                          dtype=np.float32, rows=x.ndim - 1))
+    else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
+        outs.append(_like(scale, vma))
+    return outs
+
+
 def _fwd_local(st, x, *rest):
     """The forward on one device's arrays (the whole row present)."""
     attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
     stat = (x.shape[:-1], np.float32)
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta
+    fused = st.get("fused")
+    if fused is not None:
+        avals = [jax.core.ShapedArray(a.shape, a.dtype) for a in (x, *rest)]
+        outs = _fwd_fused_abstract(*avals, kind=st.kind, fused=fused)
+        attrs.update(has_residual=fused.residual, quant=np.int32(QUANT_CODES[fused.quant]),
+                     group_size=np.int64(fused.group_size), scale_ub=np.float32(fused.scale_ub))
+        target = "jrn_rms_norm_fwd_fused" if st.kind == RMS else "jrn_layer_norm_fwd_fused"
+        return _call(target, [(o.shape, o.dtype) for o in outs], x, *rest, eps=np.float32(st.eps), **attrs)
     if st.given_stats:
         target = "jrn_rms_norm_apply" if st.kind == RMS else "jrn_layer_norm_apply"
         return _call(target, [(x.shape, x.dtype)], x, *rest, **attrs)
@@ -220,7 +297,33 @@ def _fwd_sharded(st, axes, hidden, x, *rest):
     return [y, rstd] if st.kind == RMS else [y, mean, rstd]
 
 
-def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, given_stats, **params):
+def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
+    # Batch axis first for x, the residual and (per tensor) the scale. Per-
+    # example parameters become groups; a batched tensor scale gives one amax
+    # per example (an unbatched one is broadcast: still one amax per example).
+    n_params = 1 if kind == RMS else 2
+    x, ps, (residual, scale) = args[0], list(args[1:1 + n_params]), args[1 + n_params:]
+    bx, bps, (br, bs) = dims[0], dims[1:1 + n_params], dims[1 + n_params:]
+    size = _batch_size(args, dims)
+    x = batching.bdim_at_front(x, bx, size)
+    if fused.residual:
+        residual = batching.bdim_at_front(residual, br, size)
+    if fused.quant in ("tensor", "current"):
+        scale = batching.bdim_at_front(scale, bs, size)
+    if any(b is not None for b in bps):
+        present = [has_gamma, has_beta][:n_params]
+        ps = [batching.bdim_at_front(p, b, size) if keep else p for p, b, keep in zip(ps, bps, present)]
+    outs = norm_fwd_p.bind(x, *ps, residual, scale, kind=kind, has_gamma=has_gamma, has_beta=has_beta,
+                           fused=fused, **params)
+    n_stats = 1 if kind == RMS else 2
+    out_dims = [0] * (1 + n_stats) + [0 if fused.residual else None, 0 if fused.quant else None]
+    return outs, out_dims
+
+
+def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, given_stats, fused=None, **params):
+    if fused is not None:
+        return _fwd_fused_batch(args, dims, kind=kind, has_gamma=has_gamma, has_beta=has_beta,
+                                given_stats=given_stats, fused=fused, **params)
     full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, given_stats=given_stats, **params)
     n_params = 1 if kind == RMS else 2
     x, ps, stats = args[0], list(args[1:1 + n_params]), list(args[1 + n_params:])
@@ -263,27 +366,32 @@ _MAX_SLOTS = 4096
 
 
 def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta,
-             coef=None):
-    """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS)."""
+             coef=None, dh=None):
+    """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS).
+
+    ``dh`` (fused residual add: like ``x``) is added to ``dx`` in the kernel."""
+    if coef is not None and dh is not None:
+        raise NotImplementedError("the backward takes given coefficients or dh, not both")
     params = dict(kind=kind, zero_centered_gamma=bool(zero_centered_gamma),
-                  has_gamma=bool(has_gamma), has_beta=bool(has_beta), has_coef=coef is not None)
-    extra = [] if coef is None else [coef]
+                  has_gamma=bool(has_gamma), has_beta=bool(has_beta), has_coef=coef is not None,
+                  has_dh=dh is not None)
+    extra = [a for a in (coef, dh) if a is not None]
     if kind == RMS:
         dx, dgamma = norm_bwd_p.bind(dy, x, rstd, gamma, *extra, **params)
         return dx, dgamma, None
     return tuple(norm_bwd_p.bind(dy, x, mean, rstd, gamma, beta, *extra, **params))
 
 
-def _bwd_roles(kind, has_gamma, has_beta, has_coef, **_):
+def _bwd_roles(kind, has_gamma, has_beta, has_coef, has_dh, **_):
     stats = [R] if kind == RMS else [R, R]
     params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
-    operands = [X, X, *stats, *params, *([C] if has_coef else [])]
+    operands = [X, X, *stats, *params, *([C] if has_coef else []), *([X] if has_dh else [])]
     return operands, [X, *params]
 
 
-def _bwd_abstract(dy, x, *rest, kind, has_coef, **_):
+def _bwd_abstract(dy, x, *rest, kind, has_coef, has_dh, **_):
     vma = _vma(dy, x, *rest)
-    ps = rest[:len(rest) - int(has_coef)][-(1 if kind == RMS else 2):]
+    ps = rest[:len(rest) - int(has_coef) - int(has_dh)][-(1 if kind == RMS else 2):]
     return [_like(x, vma)] + [_like(p, vma) for p in ps]
 
 
@@ -296,11 +404,11 @@ def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
 
 
 def _bwd_local(st, dy, x, *rest):
-    """The backward on one device's arrays; ``coef`` (if any) is the last operand."""
+    """The backward on one device's arrays; ``coef`` or ``dh`` (if any) is the last operand."""
     n_stats = 1 if st.kind == RMS else 2
     stats = rest[:n_stats]
     ps = rest[n_stats:n_stats + (1 if st.kind == RMS else 2)]
-    coef = list(rest[n_stats + len(ps):])
+    extra = list(rest[n_stats + len(ps):])  # coef or dh: after gamma for the kernels
     gamma = ps[0]
     param_outs = [(p.shape, p.dtype) for p in ps]
     hidden = x.shape[-1]
@@ -315,9 +423,9 @@ def _bwd_local(st, dy, x, *rest):
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta
     base = "jrn_rms_norm_bwd" if st.kind == RMS else "jrn_layer_norm_bwd"
-    target = base + ("_given" if st.has_coef else "")
+    target = base + ("_given" if st.has_coef else "_add" if st.has_dh else "")
     outs = _call(target, [(x.shape, x.dtype), *param_outs, ((n_floats,), np.float32)],
-                 dy, x, *stats, gamma, *coef, **attrs)
+                 dy, x, *stats, gamma, *extra, **attrs)
     return outs[:-1]  # the workspace is scratch
 
 
@@ -435,7 +543,7 @@ def _spec_of(shape_info):
     return spec + (None,) * (len(shape_info.shape) - len(spec))
 
 
-def _layout(st, mesh, arg_infos):
+def _layout(st, mesh, arg_infos, result_infos):
     """How to shard one call: (row entries, hidden entry, operand and result
     shardings). Takes the row and hidden sharding of the first (rows, hidden)
     operand; a dim is sharded only where its size divides evenly."""
@@ -449,6 +557,15 @@ def _layout(st, mesh, arg_infos):
 
     rows = tuple(fits(e, n) for e, n in zip(spec[:-1], first.shape[:-1]))
     hidden = fits(spec[-1], first.shape[-1])
+    fused = st.get("fused")
+    if fused is not None or st.get("has_dh"):
+        # The fused variants split rows only (the hidden dim is gathered).
+        # A scale from a whole tensor's amax (current scaling, or a per-tensor
+        # scale per vmapped example) needs the whole tensor on every device.
+        hidden = None
+        scale = arg_infos[-1] if fused is not None else None
+        if fused is not None and (fused.quant == "current" or (fused.quant == "tensor" and scale.shape)):
+            rows = (None,) * len(rows)
 
     def spec_for(role, info_shape):
         if role == X:
@@ -459,26 +576,16 @@ def _layout(st, mesh, arg_infos):
             return PartitionSpec(*rows, None)
         if role == P:
             return PartitionSpec(*rows[:len(info_shape) - 1], hidden)
-        return PartitionSpec(None)
+        return PartitionSpec(*([None] * len(info_shape)))
 
     ins = [NamedSharding(mesh, spec_for(r, a.shape)) for r, a in zip(roles_in, arg_infos)]
-    # Parameter results are shaped like the parameter operands.
-    param_shapes = [a.shape for r, a in zip(roles_in, arg_infos) if r in (P, E)]
-    out_shapes, k = [], 0
-    for r in roles_out:
-        if r in (P, E):
-            out_shapes.append(param_shapes[k])
-            k += 1
-        else:
-            out_shapes.append(None)
-    outs = [NamedSharding(mesh, spec_for(r, s if s is not None else first.shape))
-            for r, s in zip(roles_out, out_shapes)]
+    outs = [NamedSharding(mesh, spec_for(r, a.shape)) for r, a in zip(roles_out, result_infos)]
     return rows, hidden, ins, outs
 
 
 def _partition(st, mesh, arg_infos, result_infos):
     _, local, sharded = _FAMILIES[st.prim]
-    rows, hidden, ins, outs = _layout(st, mesh, arg_infos)
+    rows, hidden, ins, outs = _layout(st, mesh, arg_infos, result_infos)
     roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
     hidden_axes = _axes_of(hidden)
     full_hidden = arg_infos[roles_in.index(X)].shape[-1]
@@ -487,6 +594,7 @@ def _partition(st, mesh, arg_infos, result_infos):
     n_groups = [len(a.shape) - 1 for r, a in zip(roles_in, arg_infos) if r == P]
     group_dims = n_groups[0] if n_groups else 0
     row_axes = tuple(a for e in rows[group_dims:] for a in _axes_of(e))
+    all_row_axes = tuple(a for e in rows for a in _axes_of(e))
 
     # The per-device function runs with every mesh axis manual. JAX 0.11 traces
     # it under the caller's mesh instead; with Explicit axes the collectives'
@@ -508,13 +616,15 @@ def _partition(st, mesh, arg_infos, result_infos):
         for i, r in enumerate(roles_out):
             if r == P and row_axes and st.prim == "bwd":
                 results[i] = jax.lax.psum(results[i], row_axes)
+            if r == S and all_row_axes and st.get("fused").quant == "tensor":  # amax of the whole tensor
+                results[i] = jax.lax.pmax(results[i], all_row_axes)
         return results
 
     return mesh, lower, outs, tuple(ins)
 
 
 def _infer(st, mesh, arg_infos, result_infos):
-    return _layout(st, mesh, arg_infos)[3]
+    return _layout(st, mesh, arg_infos, result_infos)[3]
 
 
 def _sharding_rule(st, mesh, operand_types, result_types):
@@ -538,7 +648,7 @@ def _sharding_rule(st, mesh, operand_types, result_types):
             return rows + ["c"]
         if role == P:
             return rows[:rank - 1] + ["h"]
-        return [f"e{next(fresh)}"]
+        return [f"e{next(fresh)}" for _ in range(rank)]
 
     side = lambda roles, ranks: ", ".join(" ".join(factors(r, n)) for r, n in zip(roles, ranks))
     return f"{side(roles_in, ranks_in)} -> {side(roles_out, ranks_out)}"
@@ -579,3 +689,31 @@ def _register(prim, family, abstract, batch):
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)
 _register(norm_bwd_p, "bwd", _bwd_abstract, _bwd_batch)
 _register(norm_stats_p, "stats", _stats_abstract, _stats_batch)
+
+
+# ---------------------------------------------------------------------------
+# FP8 transpose: (..., rows, cols) -> (..., cols, rows), for current scaling's
+# transposed copy. Not partitioned: current scaling already runs whole tensors.
+
+fp8_transpose_p = Primitive("jax_rmsnorm_fp8_transpose")
+
+
+def fp8_transpose(q):
+    return fp8_transpose_p.bind(q)
+
+
+def _transpose_abstract(q):
+    return _like(q, _vma(q), shape=q.shape[:-2] + (q.shape[-1], q.shape[-2]), rows=q.ndim - 2)
+
+
+def _transpose_batch(args, dims):
+    (q,), (bq,) = args, dims
+    return fp8_transpose_p.bind(batching.bdim_at_front(q, bq, q.shape[bq])), 0
+
+
+fp8_transpose_p.def_impl(lambda q: jax.jit(fp8_transpose_p.bind)(q))
+fp8_transpose_p.def_abstract_eval(_transpose_abstract)
+batching.primitive_batchers[fp8_transpose_p] = _transpose_batch
+mlir.register_lowering(fp8_transpose_p, jax.ffi.ffi_lowering("jrn_fp8_transpose"), platform="cpu")
+mlir.register_lowering(fp8_transpose_p, jax.ffi.ffi_lowering("jrn_fp8_transpose") if _ffi.cuda_built()
+                       else _no_cuda_lowering, platform="cuda")

@@ -96,3 +96,47 @@ def poison(platform, nbytes):
     a = jax.device_put(jnp.full((n,), jnp.nan, jnp.float32), device(platform))
     a.block_until_ready()
     a.delete()
+
+
+# ---------------------------------------------------------------------------
+# fused variants: residual add and FP8 output
+
+FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
+# Relative rounding of each FP8 format (a full step: 3 / 2 mantissa bits) and
+# its smallest subnormal (the absolute term near zero).
+FP8_RTOL = {np.dtype(jnp.float8_e4m3fn): 2.0 ** -3, np.dtype(jnp.float8_e5m2): 2.0 ** -2}
+FP8_ATOL = {np.dtype(jnp.float8_e4m3fn): 2.0 ** -9, np.dtype(jnp.float8_e5m2): 2.0 ** -16}
+MIN_SCALE = 1e-12
+
+
+def ref_add(x, residual, h_dtype):
+    """h = x + residual summed in float32 and rounded to h_dtype (what the kernels store)."""
+    s = np.asarray(jnp.asarray(x, jnp.float32)) + np.asarray(jnp.asarray(residual, jnp.float32))
+    return jnp.asarray(s, jnp.float32).astype(h_dtype)
+
+
+def ref_scales(amax, fmt, ub=np.inf):
+    """Per-row / per-group scales from max |y|: max(min(amax / fp8_max, ub), MIN_SCALE)."""
+    return np.maximum(np.minimum(amax / FP8_MAX[np.dtype(fmt)], ub), MIN_SCALE)
+
+
+def assert_fp8_close(q, want, fmt, what, y_err=0.0):
+    """q (FP8) against the unrounded, saturated float64 value `want`: within
+    one FP8 step (relative) plus the smallest subnormal, plus `y_err` (the
+    absolute error `want` inherits from the kernel's float32 computation of y,
+    in q's units; may be an array broadcasting against `want`). NaN never passes."""
+    fmt = np.dtype(fmt)
+    assert np.dtype(q.dtype) == fmt, f"{what}: dtype {q.dtype} != {fmt}"
+    got = f64(q)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert np.isfinite(got).all(), f"{what}: non-finite values in output"
+    err = np.abs(got - want)
+    bound = FP8_RTOL[fmt] * (np.abs(want) + y_err) + FP8_ATOL[fmt] + y_err
+    worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+    assert (err <= bound).all(), (
+        f"{what}: max error {err.max():.3g} at {worst}: got {got[worst]}, expected {want[worst]}")
+
+
+def y_error(y):
+    """Absolute error allowed for a kernel's float32 y against the float64 one."""
+    return 1e-5 * max(1.0, float(np.abs(y).max(initial=0.0)))

@@ -4,6 +4,7 @@
 // in a fixed order, so results are reproducible.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "../nb_module.h"
 #include "../norm_common.h"
 #include "../dist_handlers.h"
+#include "../norm_fused.h"
 
 namespace jrn {
 namespace {
@@ -71,6 +73,29 @@ template <> inline f16_t from_float<f16_t>(float f) {
   return f16_t{static_cast<uint16_t>(sign | (((r >> 23) - 112) << 10) | ((r >> 13) & 0x3ffu))};
 }
 
+// float -> FP8 (float8_e4m3fn or float8_e5m2), saturating at the format's
+// largest finite value, round to nearest even; NaN stays NaN.
+inline uint8_t to_fp8(float v, Fp8 fmt) {
+  const bool e4m3 = fmt == Fp8::kE4M3;
+  const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  if (std::isnan(v)) return sign | (e4m3 ? 0x7f : 0x7e);
+  const float a = std::min(std::fabs(v), fp8_max(fmt));  // saturate (infinity too)
+  const float min_normal = e4m3 ? 0x1p-6f : 0x1p-14f;
+  if (a < min_normal) {  // subnormal, in steps of 2^(1 - bias - man_bits); exact scaling
+    return sign | static_cast<uint8_t>(std::nearbyint(a * (e4m3 ? 0x1p9f : 0x1p16f)));
+  }
+  std::memcpy(&u, &a, 4);
+  const int shift = 23 - man_bits;  // drop mantissa bits, ties to even
+  u += (1u << (shift - 1)) - 1u + ((u >> shift) & 1u);
+  return sign | static_cast<uint8_t>((u >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits));
+}
+
+// max that keeps a NaN of either side.
+inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
+
 template <class P>
 inline float scale_at(const P* gamma, int64_t i, bool zero_centered) {
   if (!gamma) return 1.f;
@@ -81,26 +106,65 @@ struct CpuBackend {
   using Bf16 = bf16_t;
   using F16 = f16_t;
 
+  // out[b, c, r] = in[b, r, c] for bytes, in tiles of 64 x 64.
+  static ffi::Error transpose8(const void* in, void* out, int64_t batch, int64_t rows, int64_t cols) {
+    constexpr int64_t kTile = 64;
+    const uint8_t* src = static_cast<const uint8_t*>(in);
+    uint8_t* dst = static_cast<uint8_t*>(out);
+    for (int64_t b = 0; b < batch; ++b, src += rows * cols, dst += rows * cols) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+            for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
+          }
+        }
+      }
+    }
+    return ffi::Error::Success();
+  }
+
   template <NormKind K, class T, class P>
   static ffi::Error fwd(const FwdArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
-    T* y = static_cast<T*>(a.y);
-    std::vector<float> row(H);
-    for (int64_t r = 0; r < a.shape.rows; ++r) {
+    std::vector<float> row(H), out(H);
+    const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
+    const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
+    if (per_tensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
+    // One pass over the rows; current scaling takes two: the first merges each
+    // tensor's amax (and stores h and the statistics), then amax becomes
+    // scale_inv, then the second quantizes.
+    auto row_pass = [&](int64_t r, bool second) {
       const int64_t g = r / rpg;
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
       const T* xr = x + r * H;
+      // The row to normalize: x, or h = x + residual rounded to h's dtype.
+      for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
+      if (a.residual) {
+        for (int64_t i = 0; i < H; ++i) {
+          const int64_t k = r * H + i;
+          const float v = row[i] + (a.residual_f32 ? static_cast<const float*>(a.residual)[k]
+                                                   : to_float(static_cast<const T*>(a.residual)[k]));
+          if (a.h_f32) {
+            if (!second) static_cast<float*>(a.h)[k] = v;
+            row[i] = v;
+          } else {
+            const T hv = from_float<T>(v);
+            if (!second) static_cast<T*>(a.h)[k] = hv;
+            row[i] = to_float(hv);
+          }
+        }
+      }
       double sum = 0.0;
       if (K == NormKind::kLayer && !a.given_stats) {
-        for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
+        for (int64_t i = 0; i < H; ++i) sum += row[i];
       }
       float mean = static_cast<float>(sum / static_cast<double>(H));
       if (K == NormKind::kLayer && a.given_stats) mean = a.mean[r];
       double ss = 0.0;
       for (int64_t i = 0; i < H; ++i) {
-        row[i] = to_float(xr[i]) - mean;
+        row[i] -= mean;
         ss += static_cast<double>(row[i]) * row[i];
       }
       const float rstd = a.given_stats ? a.rstd[r]
@@ -108,11 +172,53 @@ struct CpuBackend {
       for (int64_t i = 0; i < H; ++i) {
         float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
         if (beta) v += to_float(beta[i]);
-        y[r * H + i] = from_float<T>(v);
+        out[i] = v;
       }
-      if (a.given_stats) continue;
-      a.rstd[r] = rstd;
-      if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
+      if (!a.given_stats) {
+        a.rstd[r] = rstd;
+        if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
+      }
+      if (a.quant == Quant::kNone) {
+        for (int64_t i = 0; i < H; ++i) static_cast<T*>(a.y)[r * H + i] = from_float<T>(out[i]);
+        return;
+      }
+      uint8_t* q = static_cast<uint8_t*>(a.y) + r * H;
+      // Columns [c0, c0 + n) quantized with one scale: the given one, or the
+      // one from their own max |y|.
+      auto quantize = [&](int64_t c0, int64_t n, float* scale_out, float given_mul, bool store = true) {
+        float m = 0.f;
+        for (int64_t i = c0; i < c0 + n; ++i) m = nan_max(m, std::fabs(out[i]));
+        float mul = given_mul;
+        if (scale_out) {
+          const float s = quant_scale(m, a.fp8, a.scale_ub);
+          *scale_out = s;
+          mul = 1.f / s;
+        }
+        if (store) {
+          for (int64_t i = c0; i < c0 + n; ++i) q[i] = to_fp8(out[i] * mul, a.fp8);
+        }
+        return m;
+      };
+      if (per_tensor) {
+        const int64_t t = r / rows_per_tensor;
+        if (!current) {
+          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, a.scale[t]));
+        } else if (!second) {
+          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, 0.f, false));
+        } else {
+          quantize(0, H, nullptr, 1.f / a.amax[t]);  // amax holds scale_inv by now
+        }
+      } else if (a.quant == Quant::kRow) {
+        quantize(0, H, a.qscale + r, 0.f);
+      } else {
+        const int64_t G = a.group_size, per_row = H / G;
+        for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
+      }
+    };
+    for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, false);
+    if (current) {
+      for (int64_t t = 0; t < a.tensors; ++t) a.amax[t] = quant_scale(a.amax[t], a.fp8, a.scale_ub);
+      for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, true);
     }
     return ffi::Error::Success();
   }
@@ -147,7 +253,11 @@ struct CpuBackend {
           c1 = a.coef[2 * r];
           c2 = K == NormKind::kLayer ? a.coef[2 * r + 1] : 0.f;
         }
-        for (int64_t i = 0; i < H; ++i) dx[r * H + i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
+        const T* dh = a.dh ? static_cast<const T*>(a.dh) + r * H : nullptr;
+        for (int64_t i = 0; i < H; ++i) {
+          const float v = rstd * (gdy[i] - c2 - xhat[i] * c1);
+          dx[r * H + i] = from_float<T>(dh ? v + to_float(dh[i]) : v);
+        }
       }
       for (int64_t i = 0; i < H; ++i) {
         if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(static_cast<float>(dg[i]));
@@ -208,5 +318,6 @@ struct CpuBackend {
 
 JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
 JRN_DEFINE_DIST_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
+JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
 
 JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu)

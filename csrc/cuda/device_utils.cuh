@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include "../norm_common.h"
+#include "../norm_fused.h"
 
 namespace jrn::cuda {
 
@@ -107,6 +109,75 @@ __device__ __forceinline__ void add_to(float* p, const float (&v)[N]) {
   }
 }
 
+// Loads N elements at index `idx` of a buffer holding float32 (`f32`) or T.
+template <int N, class T>
+__device__ __forceinline__ void load_pack_as(const void* base, bool f32, int64_t idx, float (&f)[N]) {
+  if (f32) {
+    load_pack<N>(static_cast<const float*>(base) + idx, f);
+  } else {
+    load_pack<N>(static_cast<const T*>(base) + idx, f);
+  }
+}
+
+// Stores N elements at index `idx` of a float32 (`f32`) or T buffer, and
+// rounds f to what was stored.
+template <int N, class T>
+__device__ __forceinline__ void store_pack_as(void* base, bool f32, int64_t idx, float (&f)[N]) {
+  if (f32) {
+    store_pack<N>(static_cast<float*>(base) + idx, f);
+  } else {
+    store_pack<N>(static_cast<T*>(base) + idx, f);
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(from_float<T>(f[i]));
+  }
+}
+
+// Rounds f to what a float32 (`f32`) or T buffer would store.
+template <int N, class T>
+__device__ __forceinline__ void round_as(bool f32, float (&f)[N]) {
+  if (!f32) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(from_float<T>(f[i]));
+  }
+}
+
+// Stores N floats as FP8 (saturating at the format's largest finite value,
+// round to nearest even, NaN kept) with one access when N is even.
+template <int N>
+__device__ __forceinline__ void store_fp8(uint8_t* p, const float (&f)[N], Fp8 fmt) {
+  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  if constexpr (N % 2 == 0) {
+    Pack<__nv_fp8x2_storage_t, N / 2> pk;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i)
+      pk.v[i] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * i], f[2 * i + 1]), __NV_SATFINITE, kind);
+    *reinterpret_cast<Pack<__nv_fp8x2_storage_t, N / 2>*>(p) = pk;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = __nv_cvt_float_to_fp8(f[i], __NV_SATFINITE, kind);
+  }
+}
+
+// max of non-negative floats (|y|) by their bits; a NaN (positive bits above
+// infinity's) wins, so it reaches amax and the scales instead of vanishing.
+__device__ __forceinline__ float abs_max(float a, float b) {
+  return __int_as_float(max(__float_as_int(a), __float_as_int(b)));
+}
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct AbsMaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return abs_max(a, b); }
+};
+
+// *p = abs_max(*p, v) for a non-negative v; *p must start non-negative
+// (zeroed in the stream before the kernel). Skips the atomic when *p is
+// already at least v (it only grows).
+__device__ __forceinline__ void atomic_abs_max(float* p, float v) {
+  const int bits = __float_as_int(v);
+  if (bits > *reinterpret_cast<volatile int*>(p)) atomicMax(reinterpret_cast<int*>(p), bits);
+}
+
 // ---- Asynchronous global -> shared copies (cp.async, sm_80+), 16 bytes each.
 // A thread that reads back only what it copied itself needs no barrier, just
 // cp_async_wait.
@@ -149,22 +220,23 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
 constexpr int kMaxBlockWarps = 32;
 constexpr int kRowSumSmem = kMaxBlockWarps * 2;
 
-template <int M>
-__device__ __forceinline__ void warp_sum(float (&v)[M], int width) {
+// Op (default: sum) combines two values; row_sum<M, AbsMaxOp> takes row maxima.
+template <int M, class Op = SumOp>
+__device__ __forceinline__ void warp_sum(float (&v)[M], int width, Op op = {}) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     if (off < width) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) v[m] += __shfl_xor_sync(0xffffffffu, v[m], off);
+      for (int m = 0; m < M; ++m) v[m] = op(v[m], __shfl_xor_sync(0xffffffffu, v[m], off));
     }
   }
 }
 
-template <int M>
-__device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
+template <int M, class Op = SumOp>
+__device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) {
   static_assert(M * kMaxBlockWarps <= kRowSumSmem, "row_sum: scratch too small");
   const int tpr = blockDim.x;
-  warp_sum<M>(v, tpr < 32 ? tpr : 32);
+  warp_sum<M>(v, tpr < 32 ? tpr : 32, op);
   if (tpr <= 32) return;
   const int warps = tpr / 32, lane = threadIdx.x % 32;
   float* mine = smem + threadIdx.y * warps * M;  // this row's warps
@@ -175,8 +247,8 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
   __syncthreads();
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    float s = 0.f;
-    for (int w = 0; w < warps; ++w) s += mine[w * M + m];  // same order in every thread
+    float s = mine[m];
+    for (int w = 1; w < warps; ++w) s = op(s, mine[w * M + m]);  // same order in every thread
     v[m] = s;
   }
   __syncthreads();  // smem may be reused right after
@@ -197,8 +269,8 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem) {
 #define JRN_NO_CLUSTERS 1
 #endif
 
-template <int M>
-__device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity) {
+template <int M, class Op = SumOp>
+__device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity, Op op = {}) {
 #ifdef JRN_NO_CLUSTERS
   __trap();
 #else
@@ -216,8 +288,8 @@ __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int
                             ? cluster.map_shared_rank(&xchg[parity][0], lane)
                             : nullptr;
 #pragma unroll
-  for (int m = 0; m < M; ++m) v[m] = remote ? remote[m] : 0.f;
-  warp_sum<M>(v, 32);
+  for (int m = 0; m < M; ++m) v[m] = remote ? remote[m] : 0.f;  // 0: identity of sum and max
+  warp_sum<M>(v, 32, op);
 #endif
 }
 

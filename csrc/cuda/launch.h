@@ -20,6 +20,9 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a);
 
 template <NormKind K, class T, class P>
 ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
+// out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.
+ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
+                             int64_t cols);
 
 // Applies MACRO(K, T, P) to every instantiated combination.
 #define JRN_FOR_EACH_INSTANCE(MACRO)                                       \

@@ -7,6 +7,7 @@
 #include "../nb_module.h"
 #include "../norm_common.h"
 #include "../dist_handlers.h"
+#include "../norm_fused.h"
 #include "launch.h"
 
 namespace jrn {
@@ -30,6 +31,10 @@ struct CudaBackend {
   static ffi::Error grad_stats(cudaStream_t stream, const StatsArgs& a) {
     return cuda::launch_grad_stats<K, T, P>(stream, a);
   }
+  static ffi::Error transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
+                               int64_t cols) {
+    return cuda::launch_transpose8(stream, in, out, batch, rows, cols);
+  }
 };
 
 }  // namespace jrn
@@ -41,5 +46,8 @@ JRN_DEFINE_NORM_HANDLERS(Cuda, ::jrn::CudaBackend,
 JRN_DEFINE_DIST_HANDLERS(Cuda, ::jrn::CudaBackend,
                          ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
                          cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
+JRN_DEFINE_FUSED_HANDLERS(Cuda, ::jrn::CudaBackend,
+                          ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
+                          cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
 
 JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda)

@@ -4,6 +4,7 @@
 //   dx   = rstd * (gdy - mean(gdy) - xhat * mean(gdy * xhat))   (LayerNorm)
 //   dx   = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
+//   dx  += dh  (fused residual add: the gradient of h = x + residual)
 //
 // Kernels: bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
 // sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
@@ -44,6 +45,15 @@ struct SlotLayout {
 __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64_t slot, int out) {
   const int64_t H = a.shape.hidden, K = a.param_outputs();
   return a.workspace + ((blockIdx.y * l.stride + slot) * K + out) * H;
+}
+
+// out += dh[idx .. idx + VEC): the residual's gradient, added before dx is stored.
+template <int VEC, class T>
+__device__ __forceinline__ void add_dh(const BwdArgs& a, int64_t idx, float (&out)[VEC]) {
+  float d[VEC];
+  load_pack<VEC>(static_cast<const T*>(a.dh) + idx, d);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] += d[j];
 }
 
 template <NormKind K, class T, class P, int VEC>
@@ -117,6 +127,7 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
           float out[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) out[j] = rstd * (g[i][j] - c2 - xh[i][j] * c1);
+          if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
           store_pack<VEC>(dx + col, out);
         }
       }
@@ -223,6 +234,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           dg[i][j] += d * xh;
           db[i][j] += d;
         }
+        if (a.dh) add_dh<VEC, T>(a, row * H + first + local(i), out);
         store_pack<VEC>(dx + local(i), out);
       }
     }
@@ -292,6 +304,7 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
         out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
         xv[j] = d[j] * xh;  // reuse: this row's dgamma contribution
       }
+      if (a.dh) add_dh<VEC, T>(a, row * H + p * VEC, out);
       store_pack<VEC>(dx + p * VEC, out);
       if (wg) add_to<VEC>(wg + p * VEC, xv);
       if (wb) add_to<VEC>(wb + p * VEC, d);
@@ -386,7 +399,7 @@ template <NormKind K, class T, class P>
 ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
-                      aligned16(a.dx) && (!a.gamma || aligned16(a.gamma));
+                      aligned16(a.dx) && (!a.gamma || aligned16(a.gamma)) && (!a.dh || aligned16(a.dh));
   return vec_ok ? launch_bwd_vec<K, T, P, kVec>(stream, a) : launch_bwd_vec<K, T, P, 1>(stream, a);
 }
 

@@ -8,6 +8,14 @@
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //
+// Both take the fused variants (norm_fused.h): with a residual, the row is
+// h = x + residual (stored, then normalized as stored); with Q != kNone, y is
+// written as FP8: times the given per-tensor scale (max |y| atomically merged
+// into amax), or divided by a scale computed from the row's / the group's own
+// max |y| (row maxima with the row-sum machinery; groups of up to 32 lanes by
+// shuffles in fwd_regs, a thread per group in fwd_stream). Current scaling
+// (a scale from the tensor's own amax) runs the per-tensor kernels twice.
+//
 // With `given_stats` (the hidden dim split across devices) both take mean and
 // rstd from their inputs instead of the row and write only y.
 #include "device_utils.cuh"
@@ -22,9 +30,50 @@ constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
 constexpr int kMaxCluster = 16;
 constexpr int kClusterCtaThreads = 512;
+// FP8 output keeps more live per thread: at most this many threads per CTA
+// (wider rows take clusters).
+constexpr int kQuantRowThreads = 512;
 
-template <NormKind K, class T, class P, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluster) {
+// The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
+// (q = y * inv, inv = 1 / scale).
+template <int VEC>
+__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
+  float q[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) q[j] = y[j] * mul;
+  store_fp8<VEC>(static_cast<uint8_t*>(a.y) + idx, q, a.fp8);
+}
+
+// Merges the CTA's per-row maxima `m` (held by thread x == 0 of each row)
+// into amax of each row's tensor: one atomic per tensor the CTA touches.
+// `smem` holds a float per row of the CTA.
+__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float m, float* smem) {
+  const int64_t rpt = a.shape.rows / a.tensors;
+  if (blockDim.y == 1) {
+    if (threadIdx.x == 0 && row0 < a.shape.rows) atomic_abs_max(a.amax + row0 / rpt, m);
+    return;
+  }
+  if (threadIdx.x == 0) smem[threadIdx.y] = m;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    int64_t t = row0 / rpt;
+    float run = 0.f;
+    for (int r = 0; r < static_cast<int>(blockDim.y) && row0 + r < a.shape.rows; ++r) {
+      const int64_t tr = (row0 + r) / rpt;
+      if (tr != t) {
+        atomic_abs_max(a.amax + t, run);
+        t = tr;
+        run = 0.f;
+      }
+      run = abs_max(run, smem[r]);
+    }
+    atomic_abs_max(a.amax + t, run);
+  }
+}
+
+template <NormKind K, Quant Q, class T, class P, int VEC>
+__global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads)
+    fwd_regs(FwdArgs a, int cluster) {
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
   const int64_t H = a.shape.hidden;
@@ -43,6 +92,17 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
     const int64_t col = column(i);
     if (valid && col < H) {
       load_pack<VEC>(x + col, v[i]);
+      if (a.residual) {
+        float r[VEC];
+        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
+        if (!a.no_output) {
+          store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
+        } else {
+          round_as<VEC, T>(a.h_f32, v[i]);
+        }
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
@@ -72,52 +132,132 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_regs(FwdArgs a, int cluste
   row_sum<1>(ss, smem);
   if (cluster > 1) {
     cluster_sum<1>(ss, xchg, 1);
-    cluster_done();
+    if (Q != Quant::kRow) cluster_done();
   }
   const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
-  if (!valid) return;
+  if (Q == Quant::kNone && !valid) return;
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  T* y = static_cast<T*>(a.y) + row * H;
+  float m = 0.f;  // max |y| of this thread's columns
+  float tensor_scale = 0.f;
+  if (Q == Quant::kTensor && valid && !a.no_output) {
+    tensor_scale = a.scale[row / (a.shape.rows / a.tensors)];
+    if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
+  }
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
-    if (col < H) {
-      float s[VEC], out[VEC];
+    if (valid && col < H) {
+      float s[VEC];
       load_scale<VEC>(gamma, col, a.zero_centered, s);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) out[j] = v[i][j] * rstd * s[j];
+      for (int j = 0; j < VEC; ++j) v[i][j] = v[i][j] * rstd * s[j];
       if (beta) {
         float b[VEC];
         load_pack<VEC>(beta + col, b);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] += b[j];
+        for (int j = 0; j < VEC; ++j) v[i][j] += b[j];
       }
-      store_pack<VEC>(y + col, out);
+      if constexpr (Q == Quant::kNone) {
+        store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+      } else if constexpr (Q == Quant::kTensor) {
+        if (!a.no_output) store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+    if constexpr (Q != Quant::kNone) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = abs_max(m, fabsf(v[i][j]));
     }
   }
-  if (threadIdx.x == 0 && rank == 0 && !a.given_stats) {
+  if constexpr (Q == Quant::kTensor) {
+    if (a.amax) {  // uniform over the CTA
+      float mm[1] = {m};
+      row_sum<1>(mm, smem, AbsMaxOp{});  // this CTA's part of the row
+      __shared__ float row_max[kBlockThreads];  // rows per CTA <= kBlockThreads
+      merge_amax(a, static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y, mm[0], row_max);
+    }
+  } else if constexpr (Q == Quant::kRow) {
+    float mm[1] = {m};
+    row_sum<1>(mm, smem, AbsMaxOp{});
+    if (cluster > 1) {
+      cluster_sum<1>(mm, xchg, 0, AbsMaxOp{});
+      cluster_done();
+    }
+    const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+    const float inv = 1.f / scale;
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (valid && column(i) < H) store_q<VEC>(a, row * H + column(i), v[i], inv);
+    }
+    if (valid && threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
+  } else if constexpr (Q == Quant::kGroup) {
+    // A group is `lanes` consecutive threads (the launcher makes blockDim.x a
+    // multiple of it, at most 32): its max by shuffles within those lanes.
+    const int lanes = static_cast<int>(a.group_size / VEC);
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      float gm = 0.f;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[i][j]));
+      for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+      const int64_t col = column(i);
+      if (valid && col < H) {
+        const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+        store_q<VEC>(a, row * H + col, v[i], 1.f / scale);
+        if (threadIdx.x % lanes == 0) a.qscale[(row * H + col) / a.group_size] = scale;
+      }
+    }
+  }
+  if (valid && threadIdx.x == 0 && rank == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
 }
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
   const int64_t row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * H;
+  // The row being normalized: x, or h = x + residual as stored. Later passes
+  // recompute h rather than read it back (h is written through a different
+  // path than the read-only loads, within this kernel).
+  auto load_row = [&](int64_t col, float (&v)[VEC]) {
+    load_pack<VEC>(x + col, v);
+    if (a.residual) {
+      float r[VEC];
+      load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] += r[j];
+      if (!a.h_f32) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = to_float(from_float<T>(v[j]));
+      }
+    }
+  };
 
   // LayerNorm sums are taken around a shift (the row's first element) so that
   // var = E[(x-k)^2] - E[x-k]^2 does not cancel catastrophically.
-  const float shift = K == NormKind::kLayer ? to_float(x[0]) : 0.f;
   float acc[2] = {0.f, 0.f};
+  float shift = 0.f;
+  if (K == NormKind::kLayer) {
+    shift = to_float(x[0]);
+    if (a.residual) {
+      shift += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H]
+                              : to_float(static_cast<const T*>(a.residual)[row * H]);
+      if (!a.h_f32) shift = to_float(from_float<T>(shift));
+    }
+  }
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
-    load_pack<VEC>(x + p * VEC, v);
+    load_row(p * VEC, v);
+    if (a.residual && !a.no_output) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = v[j] - shift;
@@ -136,20 +276,83 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  T* y = static_cast<T*>(a.y) + row * H;
-  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
-    float v[VEC], s[VEC];
-    load_pack<VEC>(x + p * VEC, v);
-    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+  auto normalize = [&](int64_t col, float (&v)[VEC]) {
+    float s[VEC];
+    load_row(col, v);
+    load_scale<VEC>(gamma, col, a.zero_centered, s);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean_used) * rstd * s[j];
     if (beta) {
       float b[VEC];
-      load_pack<VEC>(beta + p * VEC, b);
+      load_pack<VEC>(beta + col, b);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[j] += b[j];
     }
-    store_pack<VEC>(y + p * VEC, v);
+  };
+  if constexpr (Q == Quant::kNone) {
+    T* y = static_cast<T*>(a.y) + row * H;
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float v[VEC];
+      normalize(p * VEC, v);
+      store_pack<VEC>(y + p * VEC, v);
+    }
+  } else if constexpr (Q == Quant::kTensor || Q == Quant::kRow) {
+    // kRow: one more pass for the row's max |y| before anything is stored.
+    float inv = 0.f;
+    if constexpr (Q == Quant::kRow) {
+      float m[1] = {0.f};
+      for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+        float v[VEC];
+        normalize(p * VEC, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+      }
+      row_sum<1>(m, smem, AbsMaxOp{});
+      const float scale = quant_scale(m[0], a.fp8, a.scale_ub);
+      inv = 1.f / scale;
+      if (threadIdx.x == 0) a.qscale[row] = scale;
+    }
+    float mul = inv;
+    if (Q == Quant::kTensor && !a.no_output) {
+      mul = a.scale[row / (a.shape.rows / a.tensors)];
+      if (a.scale_inverted) mul = 1.f / mul;
+    }
+    float m[1] = {0.f};
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+      float v[VEC];
+      normalize(p * VEC, v);
+      if constexpr (Q == Quant::kTensor) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+      }
+      if (!a.no_output) store_q<VEC>(a, row * H + p * VEC, v, mul);
+    }
+    if constexpr (Q == Quant::kTensor) {
+      if (a.amax) {  // uniform over the CTA
+        row_sum<1>(m, smem, AbsMaxOp{});
+        if (threadIdx.x == 0) atomic_abs_max(a.amax + row / (a.shape.rows / a.tensors), m[0]);
+      }
+    }
+  } else {
+    // A thread per group: its max, then the group again, quantized.
+    const int64_t G = a.group_size, gvec = G / VEC;
+    for (int64_t g = threadIdx.x; g < H / G; g += blockDim.x) {
+      float gm = 0.f;
+      for (int64_t p = 0; p < gvec; ++p) {
+        float v[VEC];
+        normalize(g * G + p * VEC, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[j]));
+      }
+      const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+      const float inv = 1.f / scale;
+      for (int64_t p = 0; p < gvec; ++p) {
+        float v[VEC];
+        normalize(g * G + p * VEC, v);
+        store_q<VEC>(a, row * H + g * G + p * VEC, v, inv);
+      }
+      a.qscale[row * (H / G) + g] = scale;
+    }
   }
   if (threadIdx.x == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
@@ -157,42 +360,142 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
 }
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
-  constexpr int64_t kCtaVecs = static_cast<int64_t>(kMaxRowThreads) * kRegItems;
-  if (nvec <= kCtaVecs) {
-    const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+  // Groups are taken by shuffles in fwd_regs when they span a power of two of
+  // at most 32 lanes; other group sizes stream.
+  int lanes = 1;
+  bool regs_ok = true;
+  if constexpr (Q == Quant::kGroup) {
+    lanes = static_cast<int>(a.group_size / VEC);
+    regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
+  }
+  constexpr int64_t kCtaVecs =
+      static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
+  if (regs_ok && nvec <= kCtaVecs) {
+    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    fwd_regs<K, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+    fwd_regs<K, Q, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
-  if (VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
+  if (regs_ok && VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
     const int cluster = pow2_ceil((nvec + kClusterCtaVecs - 1) / kClusterCtaVecs);
-    const int tpr = pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems));
+    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems)));
     const int64_t blocks = a.shape.rows * cluster;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    return launch_clustered(fwd_regs<K, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
+    return launch_clustered(fwd_regs<K, Q, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
                             stream, cluster, "fwd_regs (clusters)", a, cluster);
   }
   if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  fwd_stream<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
+  fwd_stream<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
   return check_launch("fwd_stream");
+}
+
+template <NormKind K, Quant Q, class T, class P>
+ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
+  if constexpr (Q == Quant::kTensor) {
+    // amax is merged into atomically: zeroed first, in the stream.
+    if (a.amax) {
+      cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
+      if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
+    }
+    if (a.shape.rows == 0) return ffi::Error::Success();
+  }
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
+                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta)) &&
+                      (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
+                      (Q != Quant::kGroup || a.group_size % kVec == 0);
+  return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec>(stream, a) : launch_fwd_vec<K, Q, T, P, 1>(stream, a);
+}
+
+// scale_inv[t] = quant_scale(amax[t]), in place.
+__global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float ub) {
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < tensors;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    amax[t] = quant_scale(amax[t], fmt, ub);
+}
+
+// Current scaling, in three launches on the stream: the per-tensor pass with
+// no output but amax (and the statistics), amax turned into scale_inv, then
+// the per-tensor pass again with q = y / scale_inv, h written.
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
+  FwdArgs measure = a;
+  measure.quant = Quant::kTensor;
+  measure.no_output = true;
+  JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, measure)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((a.tensors + 255) / 256, 1024));
+  amax_to_scale_inv<<<blocks, 256, 0, stream>>>(a.amax, a.tensors, a.fp8, a.scale_ub);
+  JRN_RETURN_IF_ERROR(check_launch("amax_to_scale_inv"));
+  if (a.shape.rows == 0) return ffi::Error::Success();
+  FwdArgs quantize = a;
+  quantize.quant = Quant::kTensor;
+  quantize.scale = a.amax;
+  quantize.scale_inverted = true;
+  quantize.amax = nullptr;
+  return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize);
 }
 
 }  // namespace
 
+namespace {
+
+// Byte transpose through a shared-memory tile of 32 x 32 (padded against bank
+// conflicts): reads and writes 32 consecutive bytes per warp. Tiles along
+// rows are walked grid-stride (their count may exceed the grid's y limit).
+constexpr int kTile = 32, kTileRows = 8;
+
+__global__ void __launch_bounds__(kTile* kTileRows)
+    transpose8_kernel(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t off = static_cast<int64_t>(blockIdx.z) * rows * cols;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kTile) {
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[i][threadIdx.x] = in[off + r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) out[off + c * rows + r] = tile[threadIdx.x][i];
+    }
+    __syncthreads();  // the tile is rewritten next
+  }
+}
+
+}  // namespace
+
+ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
+                             int64_t cols) {
+  const int64_t tiles_c = (cols + kTile - 1) / kTile, tiles_r = (rows + kTile - 1) / kTile;
+  if (tiles_c > INT32_MAX || batch > 65535)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
+  const dim3 grid(static_cast<unsigned>(tiles_c), static_cast<unsigned>(std::min<int64_t>(tiles_r, 65535)),
+                  static_cast<unsigned>(batch));
+  transpose8_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(static_cast<const uint8_t*>(in),
+                                                                 static_cast<uint8_t*>(out), rows, cols);
+  return check_launch("transpose8");
+}
+
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
-                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
-  return vec_ok ? launch_fwd_vec<K, T, P, kVec>(stream, a) : launch_fwd_vec<K, T, P, 1>(stream, a);
+  switch (a.quant) {
+    case Quant::kNone: return launch_fwd_quant<K, Quant::kNone, T, P>(stream, a);
+    case Quant::kTensor: return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, a);
+    case Quant::kRow: return launch_fwd_quant<K, Quant::kRow, T, P>(stream, a);
+    case Quant::kGroup: return launch_fwd_quant<K, Quant::kGroup, T, P>(stream, a);
+    case Quant::kCurrent: return launch_fwd_current<K, T, P>(stream, a);
+  }
+  return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
 }
 
 #define JRN_INSTANTIATE_FWD(K, T, P) \

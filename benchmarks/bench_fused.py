@@ -1,0 +1,218 @@
+"""Bandwidth benchmark of the fused variants: residual add + norm, and norm +
+FP8 quantization (per tensor, per row, per group), against the unfused jnp
+composition compiled by XLA and against this library's plain norm.
+
+Prints a table: op, dtype, shape, microseconds, TB/s on the fused op's own
+byte count, % of a copy measured in the same run, the jnp composition's time
+and the speed-up over it, and the plain norm's time (``jrn.rms_norm`` /
+``jrn.layer_norm`` on the same x) with the ratio plain / fused. Every result
+is checked against the jnp composition before it is timed.
+
+Bytes counted are the ones the fused op must move: inputs read once (x, the
+residual, the parameters) and outputs written once (y or q, h, the statistics,
+amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
+tensor's amax is needed before anything is quantized; ``_t`` adds the
+transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
+norm, forward and backward in one jit (as in a training step): the forward's
+bytes plus the backward's (dy, dh and h read, dx written: the gradient of both
+x and the residual, and dgamma); its jnp counterpart is ``jax.vjp`` of the
+composition.
+
+    python benchmarks/bench_fused.py                          # bf16, standard sizes, on the default device
+    python benchmarks/bench_fused.py --quick --device cpu     # tiny sizes: checks it runs end to end
+    python benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row --hidden 4096 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
+
+FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
+       "rms_fp8_current", "rms_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row"]
+
+
+def jnp_norm32(kind, x, g, b):
+    """The norm in float32, not rounded (what the FP8 compositions quantize)."""
+    xf = x.astype(jnp.float32)
+    if kind == "rms":
+        return xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + 1e-6) * g.astype(jnp.float32)
+    m = jnp.mean(xf, -1, keepdims=True)
+    v = jnp.mean(jnp.square(xf - m), -1, keepdims=True)
+    return (xf - m) * jax.lax.rsqrt(v + 1e-5) * g.astype(jnp.float32) + b.astype(jnp.float32)
+
+
+def quantize(y, mode, fmt, scale=None, group=128):
+    """The jnp quantization the fused ops replace: (q, amax or scales)."""
+    m = FP8_MAX[fmt]
+    if mode == "tensor":
+        return jnp.clip(y * scale, -m, m).astype(FP8[fmt]), jnp.max(jnp.abs(y))
+    if mode == "current":
+        s = jnp.maximum(jnp.max(jnp.abs(y)) / m, 1e-12)
+        return jnp.clip(y * (1.0 / s), -m, m).astype(FP8[fmt]), s
+    if mode == "row":
+        s = jnp.maximum(jnp.max(jnp.abs(y), -1) / m, 1e-12)
+        return jnp.clip(y * (1.0 / s)[..., None], -m, m).astype(FP8[fmt]), s
+    yg = y.reshape(y.shape[:-1] + (-1, group))
+    s = jnp.maximum(jnp.max(jnp.abs(yg), -1) / m, 1e-12)
+    return jnp.clip(yg * (1.0 / s)[..., None], -m, m).astype(FP8[fmt]).reshape(y.shape), s
+
+
+def make(op, g, b, fmt, group, zc_scale):
+    """(ours, jnp composition, plain norm, kind, uses residual, fp8 mode or None, backward)."""
+    kind = "layer" if "ln" in op else "rms"
+    residual = op.startswith("add_")
+    mode = None
+    if "fp8" in op:
+        mode = "current" if "_current" in op else ("row" if op.endswith("_row") else (
+            "group" if op.endswith("_group") else "tensor"))
+    plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
+    if op.endswith("_fwdbwd"):
+        fused = (lambda x, r: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r: jrn.add_layer_norm(x, r, g, b))
+
+        def comp(x, r):
+            h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+            return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
+
+        # (dy, dh, x, r) -> (dx, dr): forward and backward in one jit.
+        ours = jax.jit(lambda dy, dh, x, r: jax.vjp(fused, x, r)[1]((dy, dh)))
+        xla = jax.jit(lambda dy, dh, x, r: jax.vjp(comp, x, r)[1]((dy, dh)))
+        return ours, xla, plain, kind, residual, mode, True
+
+    kw = {}
+    if mode == "tensor":
+        kw["scale"] = zc_scale
+    if mode == "group":
+        kw["group_size"] = group
+    if op.endswith("_current_t"):
+        kw["transpose"] = True
+    if mode:
+        kw["out_dtype"] = FP8[fmt]
+    if kind == "rms":
+        base = {None: jrn.add_rms_norm, "tensor": jrn.rms_norm_fp8, "row": jrn.rms_norm_fp8_rowwise,
+                "group": jrn.rms_norm_fp8_groupwise, "current": jrn.rms_norm_fp8_current}[mode]
+        call = lambda x, r: (base(x, r, g) if mode is None else base(x, g, residual=r, **kw)) if residual \
+            else base(x, g, **kw)
+    else:
+        base = {None: jrn.add_layer_norm, "tensor": jrn.layer_norm_fp8, "row": jrn.layer_norm_fp8_rowwise,
+                "group": jrn.layer_norm_fp8_groupwise, "current": jrn.layer_norm_fp8_current}[mode]
+        call = lambda x, r: (base(x, r, g, b) if mode is None else base(x, g, b, residual=r, **kw)) if residual \
+            else base(x, g, b, **kw)
+
+    def comp(x, r):
+        h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype) if residual else x
+        if mode is None:
+            return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
+        q, s = quantize(jnp_norm32(kind, h, g, b), mode, fmt, zc_scale, group)
+        out = (q, s, h) if residual else (q, s)
+        return (*out, q.reshape(-1, q.shape[-1]).T) if op.endswith("_current_t") else out
+
+    if residual:
+        return jax.jit(call), jax.jit(comp), plain, kind, residual, mode, False
+    return jax.jit(lambda x: call(x, None)), jax.jit(lambda x: comp(x, None)), plain, kind, residual, mode, False
+
+
+def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
+    params = (1 if kind == "rms" else 2) * h * ps
+    stats = (1 if kind == "rms" else 2) * 4 * m
+    if backward:  # forward: x, r read, h, y written; backward: dy, dh, h read, dx written
+        return 8 * m * h * s + 3 * params + 2 * stats
+    out = m * h * (1 if mode else s)
+    qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
+    out *= 2 if op.endswith("_current_t") else 1  # q and q_t
+    return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
+
+
+def check(op, got, want, dt, mode, fmt):
+    """Relative errors of every output against the jnp composition."""
+    errs = []
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        errs.append(rel_err(a.astype(jnp.float32), b.astype(jnp.float32)))
+    tol = 2e-2 if dt != jnp.float32 else 1e-4
+    if mode:  # one FP8 step of rounding, somewhere
+        tol = max(tol, 0.13 if fmt == "e4m3" else 0.26)
+    if not max(errs) < tol:
+        raise SystemExit(f"{op}: result differs from the jnp composition (rel errs {errs})")
+    return max(errs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
+    ap.add_argument("--elements", type=int, default=1 << 27, help="rows * hidden")
+    ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    ap.add_argument("--fp8", default="e4m3", choices=list(FP8))
+    ap.add_argument("--group", type=int, default=128, help="group size of *_fp8_group")
+    ap.add_argument("--device", default=None, choices=["cpu", "gpu"], help="default: JAX's default device")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and few iterations (a smoke run)")
+    ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    if args.quick:
+        args.hidden, args.elements, args.iters, args.reps = [256, 1024], 1 << 14, 2, 2
+
+    dev = jax.devices(args.device)[0] if args.device else jax.devices()[0]
+    dt = jnp.dtype(args.dtype)
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  fp8 {args.fp8}")
+    print(f"{'op':16} {'shape':>14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'jnp us':>9} {'vs jnp':>7} "
+          f"{'plain us':>9} {'plain/fused':>11}")
+    rows_out = []
+    with jax.default_device(dev):
+        for h in args.hidden:
+            m = max(1, args.elements // h)
+            keys = jax.random.split(jax.random.key(m * 31 + h), 3 * args.sets + 2)
+            xs = [jax.random.normal(keys[3 * i], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
+            rs = [jax.random.normal(keys[3 * i + 1], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
+            dys = [jax.random.normal(keys[3 * i + 2], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
+            g = (1.0 + 0.1 * jax.random.normal(keys[-2], (h,), jnp.float32)).astype(dt)
+            b = (0.1 * jax.random.normal(keys[-1], (h,), jnp.float32)).astype(dt)
+            s = dt.itemsize
+            copy_t = copy_seconds(xs, dev, args.iters, args.reps)
+            copy_bw = 2 * m * h * s / copy_t
+            for op in args.ops:
+                if op.endswith("_group") and h % args.group:
+                    continue
+                ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
+                                                                      jnp.float32(100.0))
+                if backward:
+                    sets = list(zip(dys, rs, xs, rs))  # dh: another random tensor
+                elif residual:
+                    sets = list(zip(xs, rs))
+                else:
+                    sets = [(x,) for x in xs]
+                err = check(op, ours(*sets[0]), xla(*sets[0]), dt, mode, args.fp8)
+                t = bench(ours, sets, args.iters, args.reps)
+                tx = bench(xla, sets, args.iters, args.reps)
+                tp = bench(plain, [(x,) for x in xs], args.iters, args.reps)
+                nb = nbytes(op, m, h, s, s, kind, residual, mode, backward, args.group)
+                bw = nb / t
+                row = dict(op=op, dtype=dt.name, m=m, h=h, us=t * 1e6, tbps=bw / 1e12, pct_copy=100 * bw / copy_bw,
+                           xla_us=tx * 1e6, speedup=tx / t, plain_us=tp * 1e6, plain_ratio=tp / t, err=err)
+                rows_out.append(row)
+                print(f"{op:16} {m:>6}x{h:<7} {row['us']:9.1f} {row['tbps']:6.2f} {row['pct_copy']:5.0f}% "
+                      f"{row['xla_us']:9.1f} {row['speedup']:6.2f}x {row['plain_us']:9.1f} {row['plain_ratio']:10.2f}x",
+                      flush=True)
+            print(f"{'copy':16} {m:>6}x{h:<7} {copy_t * 1e6:9.1f} {copy_bw / 1e12:6.2f}  (read + write of x)")
+            del xs, rs, dys
+
+    print("\nmarkdown:\n")
+    print("| op | dtype | rows x hidden | us | TB/s | % of copy | jnp us | vs jnp | plain norm us | plain / fused |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows_out:
+        print(f"| {r['op']} | {r['dtype']} | {r['m']}x{r['h']} | {r['us']:.1f} | {r['tbps']:.2f} | "
+              f"{r['pct_copy']:.0f}% | {r['xla_us']:.1f} | {r['speedup']:.2f}x | {r['plain_us']:.1f} | "
+              f"{r['plain_ratio']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

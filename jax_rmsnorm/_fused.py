@@ -1,0 +1,448 @@
+"""Public fused variants: residual add + norm, and norm + FP8 quantization.
+
+One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
+quantization (and ``h``) written once, with the statistics the backward needs.
+The backward of the FP8 variants is straight-through: quantization is treated
+as the identity, so ``dx``/``dgamma``/``dbeta`` are the norm's gradients taken
+at the high-precision input with the cotangent of ``q`` (cast to ``x``'s
+dtype); ``amax`` and the scales have no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Optional
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+from ._api import _Config, _check_eps, _check_param, _check_x, _dtype_name, _as_array, _backward, \
+    _sum_to_primal_vma
+from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, norm_bwd, norm_fwd_fused
+
+Array = jax.Array
+
+FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
+# The smallest per-row / per-group scale (all-zero rows quantize to zeros).
+MIN_SCALE = 1e-12
+
+
+# ---------------------------------------------------------------------------
+# argument checks
+
+
+def _check_residual(residual, x):
+    residual = _as_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+    if residual.dtype not in (x.dtype, jnp.float32):
+        raise TypeError(f"residual must have x's dtype {_dtype_name(x.dtype)} or float32, "
+                        f"got {_dtype_name(residual.dtype)}")
+    return residual
+
+
+def _check_h_dtype(h_dtype, x):
+    if h_dtype is None:
+        return np.dtype(x.dtype)
+    try:
+        dt = np.dtype(h_dtype)
+    except TypeError as e:
+        raise TypeError(f"h_dtype must be a dtype, got {h_dtype!r}") from e
+    if dt not in (np.dtype(x.dtype), np.dtype(jnp.float32)):
+        raise TypeError(f"h_dtype must be x's dtype {_dtype_name(x.dtype)} or float32, got {dt.name}")
+    return dt
+
+
+def _check_out_dtype(out_dtype):
+    try:
+        dt = np.dtype(out_dtype)
+    except TypeError as e:
+        raise TypeError(f"out_dtype must be float8_e4m3fn or float8_e5m2, got {out_dtype!r}") from e
+    if dt not in FP8_MAX:
+        raise TypeError(f"out_dtype must be float8_e4m3fn or float8_e5m2, got {dt.name}")
+    return dt
+
+
+def _check_scale(scale):
+    if scale is None:
+        raise TypeError("scale is required: the per-tensor float32 scale (q = y * scale)")
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return jnp.float32(scale)
+    scale = _as_array(scale, "scale")
+    if scale.dtype != jnp.float32:
+        raise TypeError(f"scale must be float32, got {_dtype_name(scale.dtype)}")
+    if scale.shape != ():
+        raise ValueError(f"scale must be a scalar (one scale per tensor), got shape {scale.shape}")
+    return scale
+
+
+def _check_scale_ub(scale_ub):
+    if scale_ub is None:
+        return math.inf
+    if isinstance(scale_ub, (str, bytes, bool)) or isinstance(scale_ub, jax.core.Tracer):
+        raise TypeError(f"scale_ub must be a Python number or None, got {type(scale_ub).__name__}")
+    try:
+        v = float(scale_ub)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"scale_ub must be a Python number or None, got {type(scale_ub).__name__}") from e
+    if not v > 0.0:
+        raise ValueError(f"scale_ub must be > 0, got {scale_ub!r}")
+    return v
+
+
+def _check_group_size(group_size, x):
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
+    g = int(group_size)
+    if g < 1 or x.shape[-1] % g != 0:
+        raise ValueError(f"group_size must be >= 1 and divide the hidden size {x.shape[-1]}, got {g}")
+    return g
+
+
+# ---------------------------------------------------------------------------
+# the kernels behind one call
+
+
+@dataclasses.dataclass(frozen=True)
+class _FusedConfig:
+    norm: _Config
+    spec: FusedSpec
+    x_dtype: np.dtype  # the gradients' dtypes
+    r_dtype: Optional[np.dtype]
+
+
+def _param_dtype(x, gamma, beta):
+    p = gamma if gamma is not None else beta
+    return x.dtype if p is None else p.dtype
+
+
+def _fused_forward(x, residual, gamma, beta, scale, cfg: _FusedConfig):
+    """(y or q, mean, rstd, h, qs) from one forward kernel."""
+    spec, norm = cfg.spec, cfg.norm
+    if x.size == 0:
+        stat = jnp.zeros(x.shape[:-1], jnp.float32)
+        y = jnp.zeros(x.shape, spec.out_dtype if spec.quant else x.dtype)
+        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(spec.h_dtype) if spec.residual else None
+        qs = None
+        if spec.quant == "tensor":
+            qs = jnp.zeros(jnp.shape(scale), jnp.float32)
+        elif spec.quant == "current":
+            qs = jnp.full(jnp.shape(scale), MIN_SCALE, jnp.float32)
+        elif spec.quant == "row":
+            qs = stat
+        elif spec.quant == "group":
+            qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), jnp.float32)
+        return y, (stat if norm.kind == LAYER else None), stat, h, qs
+    ph = _placeholder(_param_dtype(x, gamma, beta))
+    return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
+                          kind=norm.kind, eps=norm.eps, zero_centered_gamma=norm.zero_centered_gamma,
+                          has_gamma=gamma is not None, has_beta=beta is not None, fused=spec)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _fused(x, residual, gamma, beta, scale, cfg):
+    y, _, _, h, qs = _fused_forward(x, residual, gamma, beta, scale, cfg)
+    return y, h, qs
+
+
+def _fused_fwd(x, residual, gamma, beta, scale, cfg):
+    y, mean, rstd, h, qs = _fused_forward(x, residual, gamma, beta, scale, cfg)
+    # The backward reads the normalized input: h with a residual.
+    saved = h if cfg.spec.residual else x
+    return (y, h, qs), (saved, gamma, beta, mean, rstd, scale)
+
+
+def _fused_bwd(cfg, res, cts):
+    saved, gamma, beta, mean, rstd, scale = res
+    x_dtype, r_dtype = cfg.x_dtype, cfg.r_dtype
+    ct_y, ct_h, _ = cts  # amax / scales: no gradient
+    norm = cfg.norm
+    # Straight-through for FP8 output: q's cotangent taken in the input's dtype.
+    dy = ct_y.astype(saved.dtype)
+    d_scale = None if scale is None else jnp.zeros_like(scale)
+    if not cfg.spec.residual:
+        dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, gamma, beta, norm)
+        return (_sum_to_primal_vma(dx, saved), None, _sum_to_primal_vma(dgamma, gamma),
+                _sum_to_primal_vma(dbeta, beta), d_scale)
+    dh = ct_h.astype(saved.dtype)
+    if saved.size == 0:
+        zeros = lambda p: None if p is None else jnp.zeros_like(p)
+        dx, dgamma, dbeta = dh, zeros(gamma), zeros(beta)
+    else:
+        # The kernels take parameters in float32 or the input's dtype: with h
+        # in float32 and bf16/f16 parameters, they run in float32.
+        pdt = _param_dtype(saved, gamma, beta)
+        if pdt not in (jnp.float32, saved.dtype):
+            pdt = jnp.float32
+        cast = lambda p: None if p is None else p.astype(pdt)
+        ph = _placeholder(pdt)
+        g, b = cast(gamma), cast(beta)
+        dx, dgamma, dbeta = norm_bwd(dy, saved, mean, rstd, ph if g is None else g, ph if b is None else b,
+                                     kind=norm.kind, zero_centered_gamma=norm.zero_centered_gamma,
+                                     has_gamma=gamma is not None, has_beta=beta is not None, dh=dh)
+        dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
+        dbeta = None if beta is None else dbeta.astype(beta.dtype)
+    gx, gr = dx.astype(x_dtype), dx.astype(r_dtype)
+    return (_sum_to_primal_vma(gx, saved), _sum_to_primal_vma(gr, saved), _sum_to_primal_vma(dgamma, gamma),
+            _sum_to_primal_vma(dbeta, beta), d_scale)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
+         out_dtype=None, scale=None, group_size=0, scale_ub=None):
+    """Checks the arguments, then returns (y or q, h or None, qs or None)."""
+    x = _check_x(x)
+    gamma = _check_param(gamma, "gamma", x)
+    if kind == LAYER:
+        beta = _check_param(beta, "beta", x, dtype_of=gamma)
+    eps = _check_eps(eps)
+    spec = dict(quant=quant)
+    if residual is not None:
+        residual = _check_residual(residual, x)
+        spec.update(residual=True, h_dtype=_check_h_dtype(h_dtype, x))
+    elif h_dtype is not None:
+        raise ValueError("h_dtype is only meaningful with a residual")
+    if quant is not None:
+        spec["out_dtype"] = _check_out_dtype(out_dtype)
+    if quant == "tensor":
+        scale = _check_scale(scale)
+    if quant == "current":
+        scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
+    if quant in ("row", "group"):
+        spec["scale_ub"] = _check_scale_ub(scale_ub)
+    if quant == "group":
+        spec["group_size"] = _check_group_size(group_size, x)
+    cfg = _FusedConfig(_Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
+                       None if residual is None else np.dtype(residual.dtype))
+    return _fused(x, residual, gamma, beta, scale, cfg)
+
+
+def _with_h(outs, residual):
+    q, h, qs = outs
+    return (q, qs) if residual is None else (q, qs, h)
+
+
+@jax.custom_vjp
+def _transposed(q2):
+    """(rows, hidden) -> (hidden, rows) by the transpose kernel."""
+    return fp8_transpose(q2) if q2.size else jnp.swapaxes(q2, -1, -2)
+
+
+def _transposed_fwd(q2):
+    return _transposed(q2), None
+
+
+def _transposed_bwd(_, ct):
+    return (jnp.swapaxes(ct, -1, -2),)
+
+
+_transposed.defvjp(_transposed_fwd, _transposed_bwd)
+
+
+# ---------------------------------------------------------------------------
+# public API: residual add
+
+
+def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
+                 zero_centered_gamma: bool = False, h_dtype=None):
+    """Residual add fused with RMSNorm: ``h = x + residual``, ``y = rms_norm(h)``.
+
+    One pass: reads ``x`` and ``residual``, writes ``h`` and ``y``.
+
+    Args:
+      x: ``(..., hidden)``, float32, bfloat16 or float16.
+      residual: ``x``'s shape; ``x``'s dtype or float32.
+      gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
+      eps, zero_centered_gamma: as :func:`rms_norm`.
+      h_dtype: dtype of ``h``: ``x.dtype`` (default) or float32 (keep the
+        residual stream in float32 while ``x`` is bf16/f16). The sum is taken
+        in float32 and rounded to ``h_dtype``; ``y`` normalizes ``h`` as stored.
+
+    Returns:
+      ``(y, h)``: ``y`` like ``x``; ``h`` of ``x``'s shape in ``h_dtype``.
+      Differentiable in ``x``, ``residual`` and ``gamma``: the backward kernel
+      adds the cotangent of ``h`` to the norm's ``dx``; that sum is the gradient
+      of both ``x`` and ``residual`` (each in its own dtype).
+    """
+    y, h, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                   h_dtype=h_dtype)
+    return y, h
+
+
+def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                   eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None):
+    """Residual add fused with LayerNorm: ``h = x + residual``, ``y = layer_norm(h)``.
+
+    Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
+    gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
+    """
+    y, h, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                   h_dtype=h_dtype)
+    return y, h
+
+
+# ---------------------------------------------------------------------------
+# public API: FP8 output
+
+_FP8_DOC = """
+    The FP8 output is ``saturate(v)`` rounded to nearest even: values beyond the
+    format's largest finite value (448 for float8_e4m3fn, 57344 for
+    float8_e5m2) become that value, NaN stays NaN. ``y`` is the float32
+    normalized value before any rounding to ``x``'s dtype.
+
+    With ``residual=`` (``x``'s shape, ``x``'s dtype or float32) the input is
+    ``h = x + residual`` (stored in ``h_dtype``: ``x.dtype`` or float32) and
+    ``h`` is returned as a third result.
+
+    Gradients are straight-through: quantization counts as the identity, so
+    ``dx``, ``dgamma`` (``dbeta``, ``dresidual``) are the norm's gradients at the
+    high-precision input with the cotangent of ``q`` cast to ``x``'s dtype
+    (JAX hands an FP8 output an FP8 cotangent). The scales have no gradient.
+"""
+
+
+def rms_norm_fp8(x: Array, gamma: Optional[Array] = None, *, scale, out_dtype=jnp.float8_e4m3fn,
+                 eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
+                 h_dtype=None):
+    """RMSNorm with FP8 output, per-tensor scale given (delayed scaling).
+
+    ``q = saturate(y * scale)`` in ``out_dtype``; ``amax = max |y|`` over the
+    whole tensor, for the caller's next scale. One pass.
+
+    Args:
+      x: ``(..., hidden)``, float32, bfloat16 or float16.
+      gamma: ``(hidden,)``, float32 or ``x.dtype``; None for no scale.
+      scale: float32 scalar (array or Python number).
+      out_dtype: ``jnp.float8_e4m3fn`` (default) or ``jnp.float8_e5m2``.
+
+    Returns:
+      ``(q, amax)``, or ``(q, amax, h)`` with ``residual``: ``q`` of ``x``'s
+      shape in ``out_dtype``; ``amax`` a float32 scalar. Under ``vmap`` each
+      example gets its own ``amax`` (and may have its own ``scale``).
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="tensor", out_dtype=out_dtype, scale=scale)
+    return _with_h(outs, residual)
+
+
+def layer_norm_fp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *, scale,
+                   out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
+                   residual: Optional[Array] = None, h_dtype=None):
+    """LayerNorm with FP8 output, per-tensor scale given: as :func:`rms_norm_fp8`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="tensor", out_dtype=out_dtype, scale=scale)
+    return _with_h(outs, residual)
+
+
+def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn,
+                         eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
+                         h_dtype=None, transpose: bool = False):
+    """RMSNorm with FP8 output, per-tensor current scaling: the scale comes
+    from this tensor's own ``amax = max |y|``.
+
+    ``scale_inv = max(amax / fp8_max, 1e-12)``, ``q = saturate(y * (1 /
+    scale_inv))``, so ``y ~ q * scale_inv``. The whole tensor's amax is needed
+    before anything is quantized: on the GPU this runs the norm twice (an amax
+    pass reading x, then the quantizing pass), with no host synchronization.
+
+    Args:
+      transpose: also return ``q_t = q.reshape(-1, hidden).T``, shape
+        ``(hidden, rows)`` (``rows = prod(x.shape[:-1])``), for the next
+        matmul's backward; written by a tiled transpose kernel from ``q``.
+
+    Returns:
+      ``(q, scale_inv)``, then ``h`` with ``residual``, then ``q_t`` with
+      ``transpose``: ``scale_inv`` a float32 scalar (under ``vmap``, one per
+      example).
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
+    return _with_t(_with_h(outs, residual), transpose)
+
+
+def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                           out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
+                           residual: Optional[Array] = None, h_dtype=None, transpose: bool = False):
+    """LayerNorm with FP8 output, per-tensor current scaling: as :func:`rms_norm_fp8_current`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
+    return _with_t(_with_h(outs, residual), transpose)
+
+
+def _with_t(outs, transpose):
+    if not isinstance(transpose, bool):
+        raise TypeError(f"transpose must be a bool, got {type(transpose).__name__}")
+    if not transpose:
+        return outs
+    q = outs[0]
+    return (*outs, _transposed(q.reshape(-1, q.shape[-1])))
+
+
+def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: Optional[float] = None,
+                         out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6, zero_centered_gamma: bool = False,
+                         residual: Optional[Array] = None, h_dtype=None):
+    """RMSNorm with FP8 output and one dynamic scale per row.
+
+    ``row_scale = max(min(max|y_row| / fp8_max, scale_ub), 1e-12)`` (the floor
+    keeps all-zero rows finite: they quantize to zeros), ``q = saturate(y *
+    (1 / row_scale))``, so ``y ~ q * row_scale``. One pass.
+
+    Args:
+      scale_ub: upper bound for the row scales (a Python number > 0), or None.
+      other arguments as :func:`rms_norm_fp8`.
+
+    Returns:
+      ``(q, row_scale)`` or ``(q, row_scale, h)``: ``row_scale`` float32 of
+      shape ``x.shape[:-1]``.
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="row", out_dtype=out_dtype, scale_ub=scale_ub)
+    return _with_h(outs, residual)
+
+
+def layer_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                           scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5,
+                           zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+    """LayerNorm with FP8 output and one dynamic scale per row: as :func:`rms_norm_fp8_rowwise`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="row", out_dtype=out_dtype, scale_ub=scale_ub)
+    return _with_h(outs, residual)
+
+
+def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_size: int = 128,
+                           scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
+                           zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+    """RMSNorm with FP8 output and one dynamic scale per group of ``group_size``
+    consecutive columns (e.g. 16 or 128; any size dividing the hidden size).
+
+    Scales as in :func:`rms_norm_fp8_rowwise`, per group. One pass.
+
+    Returns:
+      ``(q, group_scales)`` or ``(q, group_scales, h)``: ``group_scales``
+      float32 of shape ``x.shape[:-1] + (hidden // group_size,)``; column ``c``
+      of a row dequantizes as ``q[..., c] * group_scales[..., c // group_size]``.
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub)
+    return _with_h(outs, residual)
+
+
+def layer_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                             group_size: int = 128, scale_ub: Optional[float] = None,
+                             out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
+                             residual: Optional[Array] = None, h_dtype=None):
+    """LayerNorm with FP8 output and per-group scales: as :func:`rms_norm_fp8_groupwise`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub)
+    return _with_h(outs, residual)
+
+
+for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise, layer_norm_fp8_rowwise, rms_norm_fp8_groupwise,
+           layer_norm_fp8_groupwise):
+    _f.__doc__ += _FP8_DOC

@@ -1,0 +1,543 @@
+"""Fused variants against float64 references: residual add + norm, FP8 output
+per tensor / row / group (values, amax and scales, saturation, zero rows,
+scale_ub, group boundaries), their straight-through gradients, vmap and jit."""
+
+import math
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+from reference import (DTYPES, FP8_MAX, FP8_RTOL, MIN_SCALE, assert_close, assert_fp8_close, f64, poison, put, random,
+                       ref_add, ref_forward, ref_scales, y_error)
+
+KINDS = ["rms", "layer"]
+EPS = {"rms": 1e-6, "layer": 1e-5}
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+# hidden 1 and 7 (scalar paths), 1000 / 4096 (one CTA, bwd_slices on sm_90),
+# 40001 (unaligned: streaming kernels), 65536 (clusters / slices).
+SHAPES = [(3, 1), (5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)]
+sid = lambda s: "x".join(map(str, s))
+dname = lambda d: np.dtype(d).name
+
+
+def _params(kind, hidden, dtype, key, pdtype=None):
+    pdtype = pdtype or dtype
+    gamma = random(key + 2, (hidden,), pdtype, scale=0.5, offset=1.0)
+    beta = random(key + 3, (hidden,), pdtype, scale=0.5) if kind == "layer" else None
+    return gamma, beta
+
+
+def _ref_y(kind, x, gamma, beta, zc=False):
+    return ref_forward(kind, x, gamma, beta, EPS[kind], zc)[0]
+
+
+# ---------------------------------------------------------------------------
+# residual add
+
+
+def _add_norm(kind, platform, x, r, gamma, beta, h_dtype, zc=False):
+    if kind == "rms":
+        f = lambda x, r, g, b: jrn.add_rms_norm(x, r, g, eps=EPS[kind], zero_centered_gamma=zc, h_dtype=h_dtype)
+    else:
+        f = lambda x, r, g, b: jrn.add_layer_norm(x, r, g, b, eps=EPS[kind], zero_centered_gamma=zc,
+                                                  h_dtype=h_dtype)
+    x, r, gamma, beta = put(platform, x, r, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    return f, jax.jit(f)(x, r, gamma, beta)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_norm_forward(kind, dtype, shape, platform):
+    key = hash(("add", kind, shape)) % 1000
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    hidden = shape[-1]
+    for i, (r_dtype, h_dtype, zc) in enumerate([(dtype, None, False), (jnp.float32, jnp.float32, True),
+                                                 (jnp.float32, None, False)]):
+        r = random(key + 10 + i, shape, r_dtype, scale=1.5)
+        gamma, beta = _params(kind, hidden, dtype, key + i, jnp.float32 if i == 1 else None)
+        if zc:
+            gamma = gamma - 1
+        _, (y, h) = _add_norm(kind, platform, x, r, gamma, beta, h_dtype, zc)
+        hd = h_dtype or dtype
+        what = f"{kind} {dname(dtype)} {shape} residual {dname(r_dtype)} h {dname(hd)}"
+        h_ref = ref_add(x, r, hd)
+        assert h.dtype == hd and h.shape == shape and y.dtype == dtype
+        np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " h")
+        assert_close(y, _ref_y(kind, h_ref, gamma, beta, zc), dtype, what + " y")
+
+
+def _jnp_norm(kind, x, gamma, beta, zc=False):
+    """The jnp composition the gradients are checked against (float32 math)."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True) if kind == "layer" else 0.0
+    var = jnp.mean(jnp.square(xf - mean), -1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + EPS[kind])
+    if gamma is not None:
+        y = y * (gamma.astype(jnp.float32) + (1.0 if zc else 0.0))
+    if beta is not None:
+        y = y + beta.astype(jnp.float32)
+    return y
+
+
+GRAD_SHAPES = [(5, 7), (4, 1000), (3, 40001), (2, 65536)]
+
+
+@pytest.mark.parametrize("shape", GRAD_SHAPES, ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_norm_grad(kind, dtype, shape, platform):
+    key = hash(("addgrad", kind, shape)) % 1000
+    hidden = shape[-1]
+    for h_dtype, r_dtype in [(None, dtype), (jnp.float32, jnp.float32)]:
+        x = random(key, shape, dtype, offset=0.3)
+        r = random(key + 1, shape, r_dtype)
+        gamma, beta = _params(kind, hidden, dtype, key)
+        wy = random(key + 4, shape, jnp.float32)
+        wh = random(key + 5, shape, jnp.float32)
+        hd = h_dtype or dtype
+        f, _ = _add_norm(kind, platform, x, r, gamma, beta, h_dtype)
+
+        def loss(x, r, g, b):
+            y, h = f(x, r, g, b)
+            return jnp.sum(y.astype(jnp.float32) * wy) + jnp.sum(h.astype(jnp.float32) * wh)
+
+        def ref_loss(x, r, g, b):
+            h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(hd)
+            y = _jnp_norm(kind, h, g, b).astype(dtype)
+            return jnp.sum(y.astype(jnp.float32) * wy) + jnp.sum(h.astype(jnp.float32) * wh)
+
+        argnums = (0, 1, 2) if kind == "rms" else (0, 1, 2, 3)
+        args = put(platform, x, r, gamma, beta)
+        poison(platform, 8 * x.size + 1024)
+        got = jax.jit(jax.grad(loss, argnums))(*args)
+        want = jax.grad(ref_loss, argnums)(*[None if a is None else jnp.asarray(a, jnp.float32) for a in args])
+        rows = math.prod(shape[:-1])
+        for n, (gv, wv, a) in enumerate(zip(got, want, args)):
+            what = f"{kind} {dname(dtype)} {shape} h {dname(hd)} grad {['x', 'residual', 'gamma', 'beta'][n]}"
+            assert gv.dtype == a.dtype, what
+            wv = f64(wv)
+            assert_close(gv, wv, dtype if n < 2 else a.dtype, what,
+                         scale=max(1.0, np.abs(wv).max(), np.sqrt(rows) if n >= 2 else 1.0))
+
+
+# ---------------------------------------------------------------------------
+# FP8 output
+
+FP8_SHAPES = [(3, 1), (5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)]
+
+
+def _fp8_fn(kind, quant, **kw):
+    name = {"tensor": "norm_fp8", "row": "norm_fp8_rowwise", "group": "norm_fp8_groupwise",
+            "current": "norm_fp8_current"}[quant]
+    fn = getattr(jrn, ("rms_" if kind == "rms" else "layer_") + name)
+    if kind == "rms":
+        return lambda x, g, b, **k: fn(x, g, eps=EPS[kind], **kw, **k)
+    return lambda x, g, b, **k: fn(x, g, b, eps=EPS[kind], **kw, **k)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_tensor(kind, dtype, shape, fmt, platform):
+    key = hash(("t", kind, shape)) % 1000
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    scale = np.float32(37.5 if fmt == E4M3 else 3000.0)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, amax = jax.jit(_fp8_fn(kind, "tensor", out_dtype=fmt))(x_, g_, b_, scale=scale)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
+    assert q.shape == shape and amax.shape == () and amax.dtype == jnp.float32
+    np.testing.assert_allclose(float(amax), np.abs(y).max(), rtol=2e-5, err_msg=what + " amax")
+    m = FP8_MAX[np.dtype(fmt)]
+    assert_fp8_close(q, np.clip(y * scale, -m, m), fmt, what + " q", y_error(y) * scale)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_rowwise(kind, dtype, shape, fmt, platform):
+    key = hash(("r", kind, shape)) % 1000
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, rs = jax.jit(_fp8_fn(kind, "row", out_dtype=fmt))(x_, g_, b_)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
+    assert rs.shape == shape[:-1] and rs.dtype == jnp.float32
+    np.testing.assert_allclose(f64(rs), ref_scales(np.abs(y).max(-1), fmt), rtol=2e-5, err_msg=what + " scales")
+    m = FP8_MAX[np.dtype(fmt)]
+    assert_fp8_close(q, np.clip(y / f64(rs)[..., None], -m, m), fmt, what + " q", y_error(y) / f64(rs)[..., None])
+    # the row's largest |y| lands at (or within rounding of) the format's max
+    np.testing.assert_allclose(np.abs(f64(q)).max(-1), m, rtol=FP8_RTOL[np.dtype(fmt)])
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)], ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_current(kind, dtype, shape, fmt, platform):
+    key = hash(("c", kind, shape)) % 1000
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, si = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt))(x_, g_, b_)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)} current"
+    assert si.shape == () and si.dtype == jnp.float32
+    np.testing.assert_allclose(float(si), ref_scales(np.abs(y).max(), fmt), rtol=2e-5, err_msg=what)
+    m = FP8_MAX[np.dtype(fmt)]
+    assert_fp8_close(q, np.clip(y / float(si), -m, m), fmt, what + " q", y_error(y) / float(si))
+    assert np.abs(f64(q)).max() == m
+    # the transposed copy: q's bytes, (hidden, rows)
+    q2, si2, qt = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt, transpose=True))(x_, g_, b_)
+    rows = math.prod(shape[:-1])
+    assert qt.shape == (shape[-1], rows) and qt.dtype == q.dtype and float(si2) == float(si)
+    np.testing.assert_array_equal(np.asarray(qt).view(np.uint8), np.asarray(q2).reshape(rows, -1).T.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(q2).view(np.uint8), np.asarray(q).view(np.uint8))
+    # an all-zero tensor: the floor scale, zeros out
+    q, si = _fp8_fn(kind, "current", out_dtype=fmt)(jnp.zeros_like(x_), g_, None)
+    assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
+
+
+GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
+               (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800))]
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("group, shape", GROUP_CASES, ids=lambda v: str(v) if isinstance(v, int) else sid(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_groupwise(kind, dtype, group, shape, fmt, platform):
+    key = hash(("g", kind, shape, group)) % 1000
+    hidden = shape[-1]
+    # Magnitudes that differ by group, so a value assigned to the wrong group
+    # (or a group max taken over the wrong lanes) is off by far more than rounding.
+    mag = np.exp(np.random.default_rng(key).uniform(-3, 3, hidden // group)).repeat(group)
+    x = (random(key, shape, jnp.float32) * mag).astype(dtype)
+    gamma, beta = _params(kind, hidden, dtype, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, gs = jax.jit(_fp8_fn(kind, "group", out_dtype=fmt, group_size=group))(x_, g_, b_)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {dname(dtype)} {shape} group {group} {dname(fmt)}"
+    assert gs.shape == shape[:-1] + (hidden // group,) and gs.dtype == jnp.float32
+    yg = y.reshape(shape[:-1] + (hidden // group, group))
+    np.testing.assert_allclose(f64(gs), ref_scales(np.abs(yg).max(-1), fmt), rtol=2e-5, err_msg=what + " scales")
+    m = FP8_MAX[np.dtype(fmt)]
+    want = np.clip(yg / f64(gs)[..., None], -m, m).reshape(shape)
+    err = (y_error(y) / f64(gs)[..., None] + 0 * yg).reshape(shape)
+    assert_fp8_close(q, want, fmt, what + " q", err)
+
+
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_with_residual(kind, quant, platform):
+    for shape, dtype, r_dtype, h_dtype in [((6, 256), jnp.bfloat16, jnp.bfloat16, None),
+                                           ((3, 4096), jnp.bfloat16, jnp.float32, jnp.float32),
+                                           ((2, 40064), jnp.float16, jnp.float16, None),
+                                           ((2, 65536), jnp.float32, jnp.float32, None)]:
+        key = hash((kind, quant, shape)) % 1000
+        x = random(key, shape, dtype)
+        r = random(key + 1, shape, r_dtype, offset=0.5)
+        gamma, beta = _params(kind, shape[-1], dtype, key)
+        kw = dict(scale=np.float32(50.0)) if quant == "tensor" else {}
+        if quant == "group":
+            kw["group_size"] = 128
+        args = put(platform, x, gamma, beta, r)
+        poison(platform, 8 * x.size + 1024)
+        q, qs, h = jax.jit(lambda x, g, b, r: _fp8_fn(kind, quant, **kw)(x, g, b, residual=r, h_dtype=h_dtype))(*args)
+        hd = h_dtype or dtype
+        h_ref = ref_add(x, r, hd)
+        what = f"{kind} {quant} {shape} {dname(dtype)} residual {dname(r_dtype)}"
+        np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " h")
+        y = _ref_y(kind, h_ref, gamma, beta)
+        if quant == "tensor":
+            np.testing.assert_allclose(float(qs), np.abs(y).max(), rtol=2e-5, err_msg=what)
+            want, err = np.clip(y * 50.0, -448, 448), y_error(y) * 50.0
+        elif quant == "current":
+            np.testing.assert_allclose(float(qs), ref_scales(np.abs(y).max(), E4M3), rtol=2e-5, err_msg=what)
+            want, err = np.clip(y / float(qs), -448, 448), y_error(y) / float(qs)
+        elif quant == "row":
+            np.testing.assert_allclose(f64(qs), ref_scales(np.abs(y).max(-1), E4M3), rtol=2e-5, err_msg=what)
+            want, err = np.clip(y / f64(qs)[..., None], -448, 448), y_error(y) / f64(qs)[..., None]
+        else:
+            yg = y.reshape(shape[:-1] + (-1, 128))
+            np.testing.assert_allclose(f64(qs), ref_scales(np.abs(yg).max(-1), E4M3), rtol=2e-5, err_msg=what)
+            want = np.clip(yg / f64(qs)[..., None], -448, 448).reshape(shape)
+            err = (y_error(y) / f64(qs)[..., None] + 0 * yg).reshape(shape)
+        assert_fp8_close(q, want, E4M3, what + " q", err)
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_saturates(kind, fmt, platform):
+    x = random(3, (8, 512), jnp.bfloat16, scale=3.0)
+    gamma, beta = _params(kind, 512, jnp.bfloat16, 3)
+    m = FP8_MAX[np.dtype(fmt)]
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    q, amax = _fp8_fn(kind, "tensor", out_dtype=fmt)(x_, g_, b_, scale=np.float32(m))  # |y| > 1 saturates
+    y = _ref_y(kind, x, gamma, beta)
+    qf = f64(q)
+    assert np.isfinite(qf).all()
+    big = np.abs(y) * m > m * 1.01
+    assert big.sum() > 100
+    np.testing.assert_array_equal(qf[big], np.sign(y[big]) * m)
+    assert np.abs(qf).max() == m
+    np.testing.assert_allclose(float(amax), np.abs(y).max(), rtol=2e-5)
+
+
+@pytest.mark.parametrize("quant", ["row", "group"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_zero_rows_and_scale_ub(kind, quant, platform):
+    x = np.array(random(4, (6, 256), jnp.float32, scale=2.0))
+    x[1] = 0.0
+    x[4] = 1e-30  # tiny but not zero
+    gamma, _ = _params(kind, 256, jnp.float32, 4)
+    beta = None
+    kw = dict(group_size=16) if quant == "group" else {}
+    y = _ref_y(kind, x, gamma, beta)
+    # Without a bound: zero rows get the floor scale and quantize to zeros.
+    x_, g_ = put(platform, jnp.asarray(x), gamma)
+    q, s = _fp8_fn(kind, quant, **kw)(x_, g_, None)
+    s, qf = f64(s), f64(q)
+    assert np.isfinite(s).all() and np.isfinite(qf).all()
+    assert (s[1] == np.float32(MIN_SCALE)).all() and (qf[1] == 0).all()
+    # With a bound below some rows' natural scale: those scales are the bound and saturate.
+    natural = np.abs(y).max(-1) / 448
+    ub = float(np.median(natural[[0, 2, 3, 5]]))
+    q, s = _fp8_fn(kind, quant, scale_ub=ub, **kw)(x_, g_, None)
+    s, qf = f64(s), f64(q)
+    if quant == "row":
+        np.testing.assert_allclose(s, ref_scales(np.abs(y).max(-1), E4M3, np.float32(ub)), rtol=2e-5)
+        assert (s <= np.float32(ub)).all() and (s == np.float32(ub)).sum() >= 2
+        want, err = np.clip(y / s[:, None], -448, 448), y_error(y) / s[:, None]
+    else:
+        yg = y.reshape(6, -1, 16)
+        np.testing.assert_allclose(s, ref_scales(np.abs(yg).max(-1), E4M3, np.float32(ub)), rtol=2e-5)
+        assert (s <= np.float32(ub)).all() and (s == np.float32(ub)).sum() >= 2
+        want = np.clip(yg / s[..., None], -448, 448).reshape(6, 256)
+        err = (y_error(y) / s[..., None] + 0 * yg).reshape(6, 256)
+    assert (np.abs(qf) == 448).any()
+    assert_fp8_close(q, want, E4M3, f"{kind} {quant} scale_ub", err)
+
+
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_nan_is_never_hidden(kind, quant, platform):
+    x = np.array(random(5, (4, 64), jnp.float32))
+    x[2, 3] = np.nan
+    gamma, beta = _params(kind, 64, jnp.float32, 5)
+    kw = dict(scale=np.float32(1.0)) if quant == "tensor" else ({"group_size": 16} if quant == "group" else {})
+    x_, g_, b_ = put(platform, jnp.asarray(x), gamma, beta)
+    q, s = _fp8_fn(kind, quant)(x_, g_, b_, **kw)
+    qf, s = f64(q), f64(s)
+    if quant == "current":  # the tensor's scale is NaN: so is all of q
+        assert np.isnan(s) and np.isnan(qf).all()
+        return
+    assert np.isnan(qf[2]).all() and np.isfinite(np.delete(qf, 2, 0)).all()
+    if quant == "tensor":
+        assert np.isnan(s)
+    else:
+        assert np.isnan(s[2]).all() and np.isfinite(np.delete(s, 2, 0)).all()
+
+
+# ---------------------------------------------------------------------------
+# straight-through gradients
+
+
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_grad_straight_through(kind, dtype, quant, platform):
+    shape = (6, 1024)
+    key = hash((kind, quant)) % 1000
+    x = random(key, shape, dtype, offset=0.2)
+    r = random(key + 1, shape, dtype)
+    gamma, beta = _params(kind, 1024, dtype, key)
+    # Cotangent weights exactly representable in FP8 (JAX hands the FP8 output
+    # an FP8 cotangent) and in x's dtype.
+    w = random(key + 6, shape, jnp.float32).astype(E4M3).astype(jnp.float32)
+    wh = random(key + 7, shape, jnp.float32)
+    kw = dict(scale=np.float32(8.0)) if quant == "tensor" else ({"group_size": 128} if quant == "group" else {})
+    fn = _fp8_fn(kind, quant, **kw)
+
+    def loss(x, r, g, b):
+        q, s, h = fn(x, g, b, residual=r)
+        return jnp.sum(q.astype(jnp.float32) * w) + jnp.sum(h.astype(jnp.float32) * wh) + jnp.sum(s)
+
+    def ref_loss(x, r, g, b):
+        h = (x + r).astype(dtype).astype(jnp.float32)
+        y = _jnp_norm(kind, h, g, b)
+        return jnp.sum(y * w) + jnp.sum(h * wh)
+
+    argnums = (0, 1, 2) if kind == "rms" else (0, 1, 2, 3)
+    args = put(platform, x, r, gamma, beta)
+    got = jax.jit(jax.grad(loss, argnums))(*args)
+    want = jax.grad(ref_loss, argnums)(*[None if a is None else jnp.asarray(a, jnp.float32) for a in args])
+    for n, (gv, wv, a) in enumerate(zip(got, want, args)):
+        assert gv.dtype == a.dtype
+        wv = f64(wv)
+        assert_close(gv, wv, dtype, f"{kind} {quant} {dname(dtype)} grad {n}",
+                     scale=max(1.0, np.abs(wv).max(), np.sqrt(6) if n >= 2 else 1.0))
+
+    # Without a residual: the same gradient as the plain norm with q's cotangent.
+    g1 = jax.grad(lambda x, g: jnp.sum(fn(x, g, args[3])[0].astype(jnp.float32) * w), (0, 1))(args[0], args[2])
+    plain = (lambda x, g: jrn.rms_norm(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm(x, g, args[3]))
+    g2 = jax.grad(lambda x, g: jnp.sum(plain(x, g).astype(jnp.float32) * w), (0, 1))(args[0], args[2])
+    for a, b in zip(g1, g2):
+        np.testing.assert_array_equal(f64(a), f64(b))
+
+
+# ---------------------------------------------------------------------------
+# vmap, jit, empty inputs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap_fused(kind, platform):
+    B, R, H = 3, 4, 256
+    xs = random(20, (B, R, H), jnp.float32)
+    rs = random(21, (B, R, H), jnp.float32)
+    gs = random(22, (B, H), jnp.float32, offset=1.0)
+    scales = jnp.array([1.0, 30.0, 400.0], jnp.float32)
+    xs, rs, gs, scales = put(platform, xs, rs, gs, scales)
+    add = (lambda x, r, g: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r, g: jrn.add_layer_norm(x, r, g))
+    t = (lambda x, g, s, r: jrn.rms_norm_fp8(x, g, scale=s, residual=r)) if kind == "rms" else \
+        (lambda x, g, s, r: jrn.layer_norm_fp8(x, g, scale=s, residual=r))
+    row = (lambda x, g: jrn.rms_norm_fp8_rowwise(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm_fp8_rowwise(x, g))
+    grp = (lambda x, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=16)) if kind == "rms" else \
+        (lambda x, g: jrn.layer_norm_fp8_groupwise(x, g, group_size=16))
+    cur = (lambda x, g, r: jrn.rms_norm_fp8_current(x, g, residual=r)) if kind == "rms" else \
+        (lambda x, g, r: jrn.layer_norm_fp8_current(x, g, residual=r))
+    cur_t = (lambda x, g: jrn.rms_norm_fp8_current(x, g, transpose=True)) if kind == "rms" else \
+        (lambda x, g: jrn.layer_norm_fp8_current(x, g, transpose=True))
+    cases = [
+        (add, (xs, rs, gs), (0, 0, 0)), (add, (xs, rs[0], gs[0]), (0, None, None)),
+        (add, (xs[0], rs, gs[0]), (None, 0, None)),
+        (t, (xs, gs, scales, rs), (0, 0, 0, 0)), (t, (xs, gs[0], scales[1], rs), (0, None, None, 0)),
+        (t, (jnp.swapaxes(xs, 0, 1), gs[0], scales, rs[0]), (1, None, 0, None)),
+        (row, (xs, gs), (0, 0)), (row, (jnp.moveaxis(xs, 0, 2), gs[0]), (2, None)),
+        (grp, (xs, gs), (0, 0)), (grp, (xs, gs[0]), (0, None)),
+        (cur, (xs, gs, rs), (0, 0, 0)), (cur, (jnp.swapaxes(xs, 0, 1), gs[0], rs[0]), (1, None, None)),
+        (cur_t, (xs, gs), (0, 0)), (cur_t, (jnp.moveaxis(xs, 0, 2), gs[0]), (2, None)),
+    ]
+    for f, args, in_axes in cases:
+        got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
+        for i in range(B):
+            want = f(*[a if ax is None else jnp.take(a, i, axis=ax) for a, ax in zip(args, in_axes)])
+            for g_, w_ in zip(got, want):
+                np.testing.assert_array_equal(f64(g_[i]), f64(w_), err_msg=f"{in_axes}")
+
+
+def test_vmap_of_grad_fused(platform):
+    xs = random(30, (3, 4, 64), jnp.float32)
+    rs = random(31, (3, 4, 64), jnp.float32)
+    g = random(32, (64,), jnp.float32, offset=1.0)
+    xs, rs, g = put(platform, xs, rs, g)
+
+    def loss(x, r, g):
+        y, h = jrn.add_rms_norm(x, r, g)
+        q, a, h2 = jrn.rms_norm_fp8(h, g, scale=4.0, residual=x)
+        return jnp.sum(y * jnp.arange(64.0)) + jnp.sum(h ** 2) + jnp.sum(q.astype(jnp.float32)) + jnp.sum(h2)
+
+    grad = jax.grad(loss, (0, 1, 2))
+    got = jax.jit(jax.vmap(grad, in_axes=(0, 0, None)))(xs, rs, g)
+    for i in range(3):
+        want = grad(xs[i], rs[i], g)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(f64(a[i]), f64(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_empty_inputs(kind, platform):
+    (x,) = put(platform, jnp.zeros((0, 3, 32), jnp.bfloat16))
+    g = jnp.ones((32,), jnp.float32)
+    if kind == "rms":
+        y, h = jrn.add_rms_norm(x, x, g)
+        q, amax = jrn.rms_norm_fp8(x, g, scale=1.0)
+        q2, rs = jrn.rms_norm_fp8_rowwise(x, g)
+        q3, gs = jrn.rms_norm_fp8_groupwise(x, g, group_size=16)
+        dx, dr, dg = jax.grad(lambda x, r, g: jnp.sum(jrn.add_rms_norm(x, r, g)[0].astype(jnp.float32)), (0, 1, 2))(x, x, g)
+    else:
+        y, h = jrn.add_layer_norm(x, x, g)
+        q, amax = jrn.layer_norm_fp8(x, g, scale=1.0)
+        q2, rs = jrn.layer_norm_fp8_rowwise(x, g)
+        q3, gs = jrn.layer_norm_fp8_groupwise(x, g, group_size=16)
+        dx, dr, dg = jax.grad(lambda x, r, g: jnp.sum(jrn.add_layer_norm(x, r, g)[0].astype(jnp.float32)), (0, 1, 2))(x, x, g)
+    assert y.shape == h.shape == q.shape == x.shape and q.dtype == E4M3
+    assert float(amax) == 0.0 and rs.shape == (0, 3) and gs.shape == (0, 3, 2)
+    assert dx.shape == x.shape and not np.asarray(dg).any()
+
+
+def test_fused_export_roundtrip(platform):
+    from jax import export
+
+    def f(x, r, g):
+        y, h = jrn.add_layer_norm(x, r, g)
+        q, s = jrn.rms_norm_fp8_rowwise(h, g)
+        return jnp.sum(y) + jnp.sum(q.astype(jnp.float32) * s[:, None])
+
+    fn = jax.jit(jax.value_and_grad(f, (0, 1, 2)))
+    x, r, g = put(platform, random(1, (4, 32), jnp.float32), random(2, (4, 32), jnp.float32),
+                  random(3, (32,), jnp.float32, offset=1.0))
+    target = {"cpu": "cpu", "gpu": "cuda"}[platform]
+    exp = export.export(fn, platforms=[target], disabled_checks=jrn.export_checks())(x, r, g)
+    got, want = export.deserialize(exp.serialize()).call(x, r, g), fn(x, r, g)
+    for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(w))
+
+
+# ---------------------------------------------------------------------------
+# bad input
+
+_x = jnp.ones((4, 32), jnp.bfloat16)
+_g = jnp.ones((32,), jnp.float32)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: jrn.add_rms_norm(_x, jnp.ones((4, 31), jnp.bfloat16)), ValueError, "residual must have x's shape"),
+    (lambda: jrn.add_rms_norm(_x, jnp.ones((4, 32), jnp.float16)), TypeError, "residual must have x's dtype"),
+    (lambda: jrn.add_layer_norm(_x, _x, _g, h_dtype=jnp.float16), TypeError, "h_dtype must be"),
+    (lambda: jrn.add_rms_norm(jnp.ones((4, 32), jnp.int32), _x), TypeError, "x must be float32"),
+    (lambda: jrn.add_rms_norm(_x, _x, jnp.ones((31,))), ValueError, "gamma must have shape"),
+    (lambda: jrn.rms_norm_fp8(_x, _g, scale=1.0, h_dtype=jnp.float32), ValueError, "h_dtype is only meaningful"),
+    (lambda: jrn.rms_norm_fp8(_x, _g, scale=1.0, out_dtype=jnp.bfloat16), TypeError, "out_dtype must be float8"),
+    (lambda: jrn.rms_norm_fp8(_x, _g, scale=1.0, out_dtype=jnp.float8_e4m3fnuz), TypeError, "out_dtype"),
+    (lambda: jrn.rms_norm_fp8(_x, _g, scale=None), TypeError, "scale is required"),
+    (lambda: jrn.layer_norm_fp8(_x, _g, scale=jnp.ones((2,))), ValueError, "scale must be a scalar"),
+    (lambda: jrn.rms_norm_fp8(_x, _g, scale=jnp.ones((), jnp.bfloat16)), TypeError, "scale must be float32"),
+    (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub=0.0), ValueError, "scale_ub must be > 0"),
+    (lambda: jrn.rms_norm_fp8_current(_x, _g, out_dtype=jnp.int8), TypeError, "out_dtype must be float8"),
+    (lambda: jrn.rms_norm_fp8_current(_x, _g, transpose=1), TypeError, "transpose must be a bool"),
+    (lambda: jrn.layer_norm_fp8_current(_x, _g, residual=_x.astype(jnp.float16)), TypeError, "residual must"),
+    (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub="1"), TypeError, "scale_ub must be a Python number"),
+    (lambda: jrn.layer_norm_fp8_rowwise(_x, _g, out_dtype=jnp.float32), TypeError, "out_dtype"),
+    (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=24), ValueError, "group_size must be >= 1 and divide"),
+    (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=0), ValueError, "group_size"),
+    (lambda: jrn.layer_norm_fp8_groupwise(_x, _g, group_size=16.0), TypeError, "group_size must be an int"),
+    (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, residual=_x[:, :16]), ValueError, "residual must have x's shape"),
+])
+def test_fused_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_fp8_transpose_grad_is_straight_through(platform):
+    x = random(40, (6, 96), jnp.bfloat16)
+    g = random(41, (96,), jnp.float32, offset=1.0)
+    w = random(42, (6, 96), jnp.float32).astype(E4M3).astype(jnp.float32)
+    x, g = put(platform, x, g)
+    via_t = jax.grad(lambda x, g: jnp.sum(jrn.rms_norm_fp8_current(x, g, transpose=True)[2].astype(jnp.float32) * w.T),
+                     (0, 1))(x, g)
+    via_q = jax.grad(lambda x, g: jnp.sum(jrn.rms_norm_fp8_current(x, g)[0].astype(jnp.float32) * w), (0, 1))(x, g)
+    for a, b in zip(via_t, via_q):
+        np.testing.assert_array_equal(f64(a), f64(b))
