@@ -307,3 +307,66 @@ def test_all_reduce_rms_norm_errors():
 
     with pytest.raises(ValueError, match="multiple of the axis size"):
         jax.jit(bad)(jnp.ones((4, 6, 8), jnp.float32))
+
+
+# ---------------------------------------------------------------------------
+# the fused variants under sharded jit: split over rows (the hidden dim is
+# gathered); per-tensor amax is the max over every device's rows
+
+
+def _fused_cases():
+    fp8 = jnp.float8_e4m3fn
+    return {
+        "add": lambda x, r, g: jrn.add_rms_norm(x, r, g),
+        "add_layer": lambda x, r, g: jrn.add_layer_norm(x, r, g, g),
+        "fp8_tensor": lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=jnp.float32(3.0), out_dtype=fp8,
+                                                       residual=r),
+        "fp8_current": lambda x, r, g: jrn.rms_norm_fp8_current(x, g, out_dtype=fp8),
+        "fp8_row": lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g, out_dtype=fp8),
+        "fp8_group": lambda x, r, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=16, out_dtype=fp8),
+    }
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("case", list(_fused_cases()))
+@pytest.mark.parametrize("layout", ["rows", "hidden"])
+def test_fused_sharded_matches_unsharded(platform, axis_type, case, layout):
+    fn = _fused_cases()[case]
+    mesh = _mesh(platform, 2, 1, axis_type) if layout == "rows" else _mesh(platform, 1, 2, axis_type)
+    spec = P("data", None) if layout == "rows" else P(None, "model")
+    x = random(21, (8, 64), jnp.bfloat16, scale=2.0)
+    r = random(22, (8, 64), jnp.bfloat16)
+    g = random(23, (64,), jnp.float32)
+    f = jax.jit(fn)
+    dev = jax.devices(platform)[0]
+    want = f(*jax.device_put((x, r, g), dev))
+    with jax.set_mesh(mesh):
+        got = f(jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(r, NamedSharding(mesh, spec)),
+                jax.device_put(g, NamedSharding(mesh, P(spec[1]))))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        # Same kernels on the same rows: equal up to float32 summation order.
+        np.testing.assert_allclose(f64(a), f64(b), rtol=2e-2, atol=2e-2)
+
+    if case.startswith("add"):  # gradients through the fused backward
+        def loss(x, r, g):
+            y, h = fn(x, r, g)
+            return loss_of(y.astype(jnp.float32)) + loss_of(h.astype(jnp.float32))
+        gf = jax.jit(jax.grad(loss, (0, 1, 2)))
+        want_g = gf(*jax.device_put((x, r, g), dev))
+        with jax.set_mesh(mesh):
+            got_g = gf(jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(r, NamedSharding(mesh, spec)),
+                       jax.device_put(g, NamedSharding(mesh, P(spec[1]))))
+        for a, b in zip(got_g, want_g):
+            np.testing.assert_allclose(f64(a), f64(b), rtol=3e-2, atol=3e-2)
+
+
+def test_fused_rows_sharded_hlo():
+    mesh = _mesh("cpu", 8, 1)
+    x = random(24, (64, 512), jnp.bfloat16)
+    g = random(25, (512,), jnp.float32)
+    f = jax.jit(lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=jnp.float32(2.0), residual=r))
+    args = (jax.device_put(x, NamedSharding(mesh, P("data", None))),
+            jax.device_put(x, NamedSharding(mesh, P("data", None))), jax.device_put(g, NamedSharding(mesh, P())))
+    comms = _collectives(f.lower(*args).compile().as_text())
+    # only the amax (one float) crosses devices
+    assert comms and all(op == "all-reduce" and n <= 1 for op, n in comms), comms
