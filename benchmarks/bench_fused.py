@@ -16,7 +16,10 @@ transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
 norm, forward and backward in one jit (as in a training step): the forward's
 bytes plus the backward's (dy, dh and h read, dx written: the gradient of both
 x and the residual, and dgamma); its jnp counterpart is ``jax.vjp`` of the
-composition.
+composition. ``fp8in_rms`` / ``fp8in_ln`` normalize an FP8 x with one scale
+per group of ``--group`` columns into ``--dtype`` (``_tensor``: one scale for
+the tensor): q and the scales read, y written; the jnp composition
+dequantizes and normalizes in one XLA fusion.
 
     python benchmarks/bench_fused.py                          # bf16, standard sizes, on the default device
     python benchmarks/bench_fused.py --quick --device cpu     # tiny sizes: checks it runs end to end
@@ -26,6 +29,7 @@ composition.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import numpy as np
 import jax
@@ -37,7 +41,8 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
-       "rms_fp8_current", "rms_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row"]
+       "rms_fp8_current", "rms_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln",
+       "fp8in_rms_tensor"]
 
 
 def jnp_norm32(kind, x, g, b):
@@ -66,6 +71,14 @@ def quantize(y, mode, fmt, scale=None, group=128):
     return jnp.clip(yg * (1.0 / s)[..., None], -m, m).astype(FP8[fmt]).reshape(y.shape), s
 
 
+def dequantize(q, s, group):
+    """q * s in float32, per group of columns (group None: s is one scalar)."""
+    if group is None:
+        return q.astype(jnp.float32) * s
+    qf = q.astype(jnp.float32).reshape(q.shape[:-1] + (-1, group))
+    return (qf * s[..., None]).reshape(q.shape)
+
+
 def make(op, g, b, fmt, group, zc_scale):
     """(ours, jnp composition, plain norm, kind, uses residual, fp8 mode or None, backward)."""
     kind = "layer" if "ln" in op else "rms"
@@ -75,6 +88,16 @@ def make(op, g, b, fmt, group, zc_scale):
         mode = "current" if "_current" in op else ("row" if op.endswith("_row") else (
             "group" if op.endswith("_group") else "tensor"))
     plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
+    if op.startswith("fp8in"):  # (q, x_scale) -> y in g's dtype
+        gs = None if op.endswith("_tensor") else group
+        norm = jrn.rms_norm if kind == "rms" else partial(jrn.layer_norm, beta=b)
+        ours = jax.jit(lambda q, s: norm(q, g, x_scale=s, group_size=gs, dtype=g.dtype))
+
+        def comp(q, s):
+            x = dequantize(q, s, gs)
+            return (jnp_rms(x, g) if kind == "rms" else jnp_layer(x, g, b)).astype(g.dtype)
+
+        return ours, jax.jit(comp), plain, kind, False, None, False
     if op.endswith("_fwdbwd"):
         fused = (lambda x, r: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r: jrn.add_layer_norm(x, r, g, b))
 
@@ -123,6 +146,9 @@ def make(op, g, b, fmt, group, zc_scale):
 def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
     params = (1 if kind == "rms" else 2) * h * ps
     stats = (1 if kind == "rms" else 2) * 4 * m
+    if op.startswith("fp8in"):  # q and its scales read (one a row when per tensor), y written
+        scales = 4 * m * (1 if op.endswith("_tensor") else h // group)
+        return m * h + scales + m * h * s + params + stats
     if backward:  # forward: x, r read, h, y written; backward: dy, dh, h read, dx written
         return 8 * m * h * s + 3 * params + 2 * stats
     out = m * h * (1 if mode else s)
@@ -180,11 +206,14 @@ def main():
             copy_t = copy_seconds(xs, dev, args.iters, args.reps)
             copy_bw = 2 * m * h * s / copy_t
             for op in args.ops:
-                if op.endswith("_group") and h % args.group:
+                if (op.endswith("_group") or op.startswith("fp8in")) and h % args.group:
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
                                                                       jnp.float32(100.0))
-                if backward:
+                if op.startswith("fp8in"):  # FP8 inputs: x quantized per group (or per tensor)
+                    mode_in = "current" if op.endswith("_tensor") else "group"
+                    sets = [quantize(x.astype(jnp.float32), mode_in, args.fp8, group=args.group) for x in xs]
+                elif backward:
                     sets = list(zip(dys, rs, xs, rs))  # dh: another random tensor
                 elif residual:
                     sets = list(zip(xs, rs))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-fp8in|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -17,6 +17,9 @@ for step in "$@"; do
       { python3 benchmarks/bench_fused.py
         python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
       } 2>&1 | tee "$OUT/bench_fused.log" | grep -v '^|' ;;
+    bench-fp8in)  # FP8 input, per group of 128 and per tensor (issue 5)
+      python3 benchmarks/bench_fused.py --ops fp8in_rms fp8in_ln fp8in_rms_tensor --hidden 1024 4096 8192 16384 65536 \
+        2>&1 | tee "$OUT/bench_fp8in.log" | grep -v '^|' ;;
     bench-extra)  # other dtypes, float32 params, Gemma scale, decode-time row counts
       { python3 benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384
         python3 benchmarks/bench_norm.py --dtype float16 --hidden 4096 16384

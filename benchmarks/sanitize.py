@@ -36,6 +36,15 @@ def fused(x, r, g, tol):
         lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g, residual=r),
     ] + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs, residual=r)
          for gs in (16, 128, 24) if h % gs == 0]
+    # FP8 input: per tensor, and per group (vector and scalar loads)
+    q = (x.astype(jnp.float32) * 16).astype(jnp.float8_e4m3fn)
+    on = lambda a, like: jax.device_put(a, next(iter(like.devices())))  # q, scales where x is
+    calls.append(lambda x, r, g: [jrn.layer_norm(on(q, x), g, g, x_scale=0.0625, dtype=jnp.float32)])
+    for gs in (16, 3):
+        if h % gs == 0:
+            s = jnp.full(x.shape[:-1] + (h // gs,), 0.0625, jnp.float32)
+            calls.append(lambda x, r, g, gs=gs, s=s: jrn.add_rms_norm(on(q, x), r, g, x_scale=on(s, x),
+                                                                      group_size=gs))
     for f in calls:
         got, want = f(x, r, g), f(*on_cpu(x, r, g))
         for a, b in zip(got, want):

@@ -142,6 +142,13 @@ struct FwdArgs {
   float* qscale = nullptr;       // kRow: one per row; kGroup: rows x (hidden / group_size)
   float scale_ub = std::numeric_limits<float>::infinity();  // kRow / kGroup: upper bound
   int64_t group_size = 0;        // kGroup
+  // FP8 input: x holds FP8 codes in format `x_fmt`, read as
+  // code * x_scale[row * (hidden / x_group) + col / x_group]; y (and h) are
+  // in the kernel's element type.
+  bool x_fp8 = false;
+  Fp8 x_fmt = Fp8::kE4M3;
+  const float* x_scale = nullptr;
+  int64_t x_group = 0;
 };
 
 struct BwdArgs {
@@ -296,13 +303,19 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
   ::xla::ffi::Error Bwd(CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, const ::xla::ffi::AnyBuffer* mean,       \
                  ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer gamma, ::xla::ffi::AnyBuffer dx,                   \
                  ::xla::ffi::AnyBuffer dgamma, ::xla::ffi::AnyBuffer* dbeta, float* ws, int64_t ws_floats,     \
-                 bool zc, bool has_gamma, bool has_beta, const float* coef = nullptr) {         \
+                 bool zc, bool has_gamma, bool has_beta, const float* coef = nullptr,           \
+                 const ::xla::ffi::AnyBuffer* dh = nullptr) {                                   \
     BwdArgs a;                                                                                  \
     if (auto e = decode_bwd(K, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, zc, has_gamma,       \
                             has_beta, &a);                                                      \
         e.failure())                                                                            \
       return e;                                                                                 \
     a.coef = coef;                                                                              \
+    if (dh) {                                                                                   \
+      if (auto e = check_same(x, *dh, "dh must match x in shape and dtype"); e.failure())       \
+        return e;                                                                               \
+      a.dh = dh->untyped_data();                                                                \
+    }                                                                                           \
     if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
     const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
     a.workspace = per_slot > 0 ? ws : nullptr;                                                  \

@@ -1,7 +1,7 @@
 // The fused variants' host-side pieces, shared by the CPU and CUDA handlers:
-// residual add (h = x + residual, normalized and stored) and FP8 output
-// scaled per tensor, per row or per group of columns; the backward with the
-// residual's gradient added to dx.
+// residual add (h = x + residual, normalized and stored), FP8 output scaled
+// per tensor, per row or per group of columns, FP8 input with a scale per
+// group of columns; the backward with the residual's gradient added to dx.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,10 @@ JRN_HOST_DEVICE inline float quant_scale(float amax, Fp8 f, float ub) {
   return s > kMinQuantScale ? s : kMinQuantScale;
 }
 
+inline bool is_fp8_type(ffi::DataType t) {
+  return t == ffi::DataType::F8E4M3FN || t == ffi::DataType::F8E5M2;
+}
+
 inline ffi::Error check_kind(const ffi::AnyBuffer& b, int64_t count, ffi::DataType t1, ffi::DataType t2,
                              const char* what) {
   if (static_cast<int64_t>(b.element_count()) != count ||
@@ -36,31 +40,59 @@ inline ffi::Error check_kind(const ffi::AnyBuffer& b, int64_t count, ffi::DataTy
   return ffi::Error::Success();
 }
 
-// decode_fwd for the fused forward, then the residual and quantization
-// buffers. `quant` is a Quant value.
+// The buffer whose dtype is the kernel's element type: x, or y when x is FP8.
+inline const ffi::AnyBuffer& typed_input(const ffi::AnyBuffer& x, const ffi::AnyBuffer& y) {
+  return is_fp8_type(x.element_type()) ? y : x;
+}
+
+// decode_fwd for the fused forward, then the FP8 input, residual and
+// quantization buffers. `quant` is a Quant value.
 inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
                                    const ffi::AnyBuffer* beta, const ffi::AnyBuffer& residual,
-                                   const ffi::AnyBuffer& scale, ffi::AnyBuffer& y, ffi::AnyBuffer* mean,
-                                   ffi::AnyBuffer& rstd, ffi::AnyBuffer& h, ffi::AnyBuffer& qs, float eps,
-                                   bool zero_centered, bool has_gamma, bool has_beta, bool has_residual,
-                                   int32_t quant, int64_t group_size, float scale_ub, FwdArgs* a) {
+                                   const ffi::AnyBuffer& scale, const ffi::AnyBuffer& x_scale,
+                                   ffi::AnyBuffer& y, ffi::AnyBuffer* mean, ffi::AnyBuffer& rstd,
+                                   ffi::AnyBuffer& h, ffi::AnyBuffer& qs, float eps, bool zero_centered,
+                                   bool has_gamma, bool has_beta, bool has_residual, int32_t quant,
+                                   int64_t group_size, float scale_ub, int64_t x_group_size, FwdArgs* a) {
   if (quant < 0 || quant > static_cast<int32_t>(Quant::kCurrent))
     return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
   a->quant = static_cast<Quant>(quant);
-  // With FP8 output, y's dtype differs from x's: decode_fwd checks a stand-in.
+  const bool x_fp8 = is_fp8_type(x.element_type());
+  if (x_fp8 && a->quant != Quant::kNone)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: FP8 input takes a float32/bfloat16/float16 output");
+  if (x_fp8 != (x_group_size > 0))
+    return ffi::Error::InvalidArgument("jax_rmsnorm: x_group_size > 0 goes with an FP8 x, and only with it");
+  // decode_fwd checks a stand-in of x's shape in the kernel's element type:
+  // y when x is FP8 (dequantized in the kernel), x when y is FP8.
+  const ffi::AnyBuffer& xt = typed_input(x, y);
   ffi::AnyBuffer y_checked = a->quant == Quant::kNone ? y : x;
-  if (auto e = decode_fwd(kind, x, gamma, beta, y_checked, mean, rstd, eps, zero_centered, has_gamma,
+  if (auto e = decode_fwd(kind, xt, gamma, beta, y_checked, mean, rstd, eps, zero_centered, has_gamma,
                           has_beta, a);
       e.failure())
     return e;
   const int64_t n = a->shape.rows * a->shape.hidden;
   const auto F32 = ffi::DataType::F32;
+  if (x_fp8) {
+    if (static_cast<int64_t>(x.element_count()) != n)
+      return ffi::Error::InvalidArgument("jax_rmsnorm: an FP8 x must have y's shape");
+    if (a->shape.hidden % x_group_size != 0)
+      return ffi::Error::InvalidArgument("jax_rmsnorm: x_group_size must divide the hidden size");
+    if (auto e = check_kind(x_scale, n / x_group_size, F32, F32,
+                            "x_scale must be float32, one per group of x_group_size columns of x");
+        e.failure())
+      return e;
+    a->x = x.untyped_data();
+    a->x_fp8 = true;
+    a->x_fmt = x.element_type() == ffi::DataType::F8E4M3FN ? Fp8::kE4M3 : Fp8::kE5M2;
+    a->x_scale = static_cast<const float*>(x_scale.untyped_data());
+    a->x_group = x_group_size;
+  }
   if (has_residual) {
-    if (auto e = check_kind(residual, n, x.element_type(), F32,
+    if (auto e = check_kind(residual, n, xt.element_type(), F32,
                             "residual must have x's shape, and x's dtype or float32");
         e.failure())
       return e;
-    if (auto e = check_kind(h, n, x.element_type(), F32, "h must have x's shape, and x's dtype or float32");
+    if (auto e = check_kind(h, n, xt.element_type(), F32, "h must have x's shape, and x's dtype or float32");
         e.failure())
       return e;
     a->residual = residual.untyped_data();
@@ -132,9 +164,11 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
 
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
-// Forward: (x, gamma, [beta,] residual, scale) -> (y, [mean,] rstd, h, qs), the
-// absent ones empty placeholders. qs is amax (kTensor), the row scales (kRow),
-// the group scales (kGroup) or scale_inv (kCurrent). Backward: the plain
+// Forward: (x, gamma, [beta,] residual, scale, x_scale) -> (y, [mean,] rstd, h,
+// qs), the absent ones empty placeholders. qs is amax (kTensor), the row
+// scales (kRow), the group scales (kGroup) or scale_inv (kCurrent). x_scale
+// (with x_group_size > 0) dequantizes an FP8 x, one scale per group of
+// columns; y is then in the kernel's element type. Backward: the plain
 // backward's operands plus dh, added to dx. Fp8Transpose: q (..., rows, cols)
 // -> q_t (..., cols, rows), bytes moved as they are.
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
@@ -143,93 +177,61 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
   using ::xla::ffi::AnyBuffer;                                                                  \
   template <NormKind K>                                                                         \
   ::xla::ffi::Error Fwd(CTX_DECL AnyBuffer x, AnyBuffer gamma, const AnyBuffer* beta,           \
-                        AnyBuffer residual, AnyBuffer scale, AnyBuffer y, AnyBuffer* mean,      \
-                        AnyBuffer rstd, AnyBuffer h, AnyBuffer qs, float eps, bool zc,          \
-                        bool has_gamma, bool has_beta, bool has_residual, int32_t quant,        \
-                        int64_t group_size, float scale_ub) {                                   \
+                        AnyBuffer residual, AnyBuffer scale, AnyBuffer xs, AnyBuffer y,         \
+                        AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs, float eps,  \
+                        bool zc, bool has_gamma, bool has_beta, bool has_residual,              \
+                        int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {   \
     FwdArgs a;                                                                                  \
-    if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, y, mean, rstd, h, qs, eps, \
-                                  zc, has_gamma, has_beta, has_residual, quant, group_size,     \
-                                  scale_ub, &a);                                                \
+    if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, xs, y, mean, rstd, h, qs, \
+                                  eps, zc, has_gamma, has_beta, has_residual, quant,            \
+                                  group_size, scale_ub, x_group, &a);                           \
         e.failure())                                                                            \
       return e;                                                                                 \
     if (a.shape.rows == 0 && a.quant != Quant::kTensor && a.quant != Quant::kCurrent)           \
       return ::xla::ffi::Error::Success();                                                      \
+    const AnyBuffer& xt = typed_input(x, y);                                                    \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
-        x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
+        xt.element_type(), param_type(xt, gamma, beta, has_gamma, has_beta),                    \
         [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
-  }                                                                                             \
-  template <NormKind K>                                                                         \
-  ::xla::ffi::Error Bwd(CTX_DECL AnyBuffer dy, AnyBuffer x, const AnyBuffer* mean, AnyBuffer rstd, \
-                        AnyBuffer gamma, AnyBuffer dh, AnyBuffer dx, AnyBuffer dgamma,          \
-                        AnyBuffer* dbeta, float* ws, int64_t ws_floats, bool zc, bool has_gamma, \
-                        bool has_beta) {                                                        \
-    BwdArgs a;                                                                                  \
-    if (auto e = decode_bwd(K, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, zc, has_gamma,       \
-                            has_beta, &a);                                                      \
-        e.failure())                                                                            \
-      return e;                                                                                 \
-    if (auto e = check_same(x, dh, "dh must match x in shape and dtype"); e.failure()) return e; \
-    a.dh = dh.untyped_data();                                                                   \
-    if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();       \
-    const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
-    a.workspace = per_slot > 0 ? ws : nullptr;                                                  \
-    a.slots = per_slot > 0 ? ws_floats / per_slot : 0;                                          \
-    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
-        x.element_type(), has_gamma ? gamma.element_type() : dgamma.element_type(),             \
-        [&]<class T, class P>() { return BACKEND::bwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
   }                                                                                             \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormFwdFused,                                                                  \
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer r,    \
-         ::xla::ffi::AnyBuffer s, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,                  \
+         ::xla::ffi::AnyBuffer s, ::xla::ffi::AnyBuffer xs, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, float eps, bool zc, bool has_gamma,       \
-         bool has_residual, int32_t quant, int64_t group_size, float scale_ub) {                \
-        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, *y, nullptr, \
-                                                              *rstd, *h, *qs, eps, zc, has_gamma, \
-                                                              false, has_residual, quant,       \
-                                                              group_size, scale_ub);            \
+         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) { \
+        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,  \
+                                                              nullptr, *rstd, *h, *qs, eps, zc, \
+                                                              has_gamma, false, has_residual,   \
+                                                              quant, group_size, scale_ub,      \
+                                                              x_group);                         \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 5, 4)                                                                   \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_residual")                                                           \
           .Attr<int32_t>("quant")                                                               \
           .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub"),                                                             \
+          .Attr<float>("scale_ub")                                                              \
+          .Attr<int64_t>("x_group_size"),                                                       \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##LayerNormFwdFused,                                                                \
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,    \
-         ::xla::ffi::AnyBuffer r, ::xla::ffi::AnyBuffer s, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, \
+         ::xla::ffi::AnyBuffer r, ::xla::ffi::AnyBuffer s, ::xla::ffi::AnyBuffer xs,             \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,                                           \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> mean, ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, \
          float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,   \
-         int64_t group_size, float scale_ub) {                                                  \
+         int64_t group_size, float scale_ub, int64_t x_group) {                                 \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                \
-            CTX x, g, &b, r, s, *y, &*mean, *rstd, *h, *qs, eps, zc, has_gamma, has_beta,       \
-            has_residual, quant, group_size, scale_ub);                                         \
+            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, eps, zc, has_gamma, has_beta,   \
+            has_residual, quant, group_size, scale_ub, x_group);                                \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 6, 5)                                                                   \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
@@ -237,7 +239,8 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
           .Attr<bool>("has_residual")                                                           \
           .Attr<int32_t>("quant")                                                               \
           .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub"),                                                             \
+          .Attr<float>("scale_ub")                                                              \
+          .Attr<int64_t>("x_group_size"),                                                       \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormBwdAdd,                                                                    \
@@ -245,19 +248,12 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
          ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer dh,                                     \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
-        return jrn_fused_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
-            CTX dy, x, nullptr, rstd, g, dh, *dx, *dg, nullptr,                                 \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr,                                     \
             static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()), \
-            zc, has_gamma, false);                                                              \
+            zc, has_gamma, false, nullptr, &dh);                                                \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 5, 3)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -268,21 +264,12 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
          bool zc, bool has_gamma, bool has_beta) {                                              \
-        return jrn_fused_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
-            CTX dy, x, &mean, rstd, g, dh, *dx, *dg, &*db,                                      \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db,                                          \
             static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()), \
-            zc, has_gamma, has_beta);                                                           \
+            zc, has_gamma, has_beta, nullptr, &dh);                                             \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Arg<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
-          .Ret<::xla::ffi::AnyBuffer>()                                                         \
+      JRN_BUFFERS(BIND, 6, 4)                                                         \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
@@ -295,5 +282,5 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
         if (dims[0] * dims[1] * dims[2] == 0) return ::xla::ffi::Error::Success();              \
         return BACKEND::transpose8(CTX q.untyped_data(), qt->untyped_data(), dims[0], dims[1], dims[2]); \
       },                                                                                        \
-      BIND.Arg<::xla::ffi::AnyBuffer>().Ret<::xla::ffi::AnyBuffer>(),                           \
+      JRN_BUFFERS(BIND, 1, 1),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible})

@@ -280,12 +280,51 @@ _apply.defvjp(_apply_fwd, _apply_bwd)
 # public API
 
 
+_FP8_INPUT_DOC = """
+    FP8 input: ``x`` may be ``float8_e4m3fn``/``float8_e5m2`` holding codes of
+    ``x_scale * x`` (dequantized in the kernel, in float32, as it is read).
+
+      x_scale: float32; a scalar (one scale for the tensor), or with
+        ``group_size`` shape ``x.shape[:-1] + (hidden // group_size,)``: column
+        ``c`` of a row reads ``x[..., c] * x_scale[..., c // group_size]``
+        (the layout ``rms_norm_fp8_groupwise`` returns).
+      group_size: columns per scale (must divide the hidden size), or None.
+      dtype: ``y``'s dtype, float32, bfloat16 (default) or float16; ``gamma``
+        (``beta``) is float32 or this dtype.
+
+    Its backward dequantizes ``x`` in ``dtype`` and runs the backward kernel
+    on it (one more pass over ``x`` than a float input). The cotangent of the
+    FP8 ``x`` is ``dx * x_scale`` rounded to its FP8 dtype (saturating), and
+    that of ``x_scale`` the per-group ``sum(dx * x)``.
+"""
+
+
+def _fp8_input(kind, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype):
+    """The FP8-input path of rms_norm/layer_norm, or None for a float x."""
+    from ._fused import _run, is_fp8  # _fused builds on this module
+    if not is_fp8(x):
+        return None
+    if axis_name is not None:
+        raise NotImplementedError("axis_name is not supported with an FP8 x yet")
+    y, _, _ = _run(kind, x, None, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                   x_scale=x_scale, x_group_size=group_size, dtype=dtype)
+    return y
+
+
+def _no_fp8_options(x_scale, group_size, dtype):
+    for name, v in (("x_scale", x_scale), ("group_size", group_size), ("dtype", dtype)):
+        if v is not None:
+            raise ValueError(f"{name} is only for an FP8 x (float8_e4m3fn or float8_e5m2)")
+
+
 def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
-             zero_centered_gamma: bool = False, axis_name=None) -> Array:
+             zero_centered_gamma: bool = False, axis_name=None, x_scale=None, group_size=None,
+             dtype=None) -> Array:
     """RMSNorm over the last axis: ``y = x * rsqrt(mean(x**2) + eps) * scale``.
 
     Args:
-      x: ``(..., hidden)`` array, float32, bfloat16 or float16; any rank >= 1.
+      x: ``(..., hidden)`` array, float32, bfloat16 or float16 (or FP8 with
+        ``x_scale``, below); any rank >= 1.
       gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
       eps: added to the mean square, >= 0.
       zero_centered_gamma: scale by ``1 + gamma`` (Gemma) instead of ``gamma``.
@@ -299,17 +338,23 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
       ``y`` with ``x``'s shape and dtype. Statistics are computed in float32.
       Differentiable in ``x`` and ``gamma`` (``dgamma`` in ``gamma``'s dtype).
     """
+    y = _fp8_input(RMS, x, gamma, None, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
+    if y is not None:
+        return y
+    _no_fp8_options(x_scale, group_size, dtype)
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
     return _dispatch(x, gamma, None, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axis_name)
 
 
 def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
-               eps: float = 1e-5, zero_centered_gamma: bool = False, axis_name=None) -> Array:
+               eps: float = 1e-5, zero_centered_gamma: bool = False, axis_name=None, x_scale=None,
+               group_size=None, dtype=None) -> Array:
     """LayerNorm over the last axis: ``y = (x - mean) * rsqrt(var + eps) * scale + beta``.
 
     Args:
-      x: ``(..., hidden)`` array, float32, bfloat16 or float16; any rank >= 1.
+      x: ``(..., hidden)`` array, float32, bfloat16 or float16 (or FP8 with
+        ``x_scale``, below); any rank >= 1.
       gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
       beta: ``(hidden,)`` shift, gamma's dtype (float32 or ``x.dtype`` without
         gamma); None for no shift.
@@ -322,6 +367,10 @@ def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = 
     Returns:
       ``y`` with ``x``'s shape and dtype. Differentiable in ``x``, ``gamma``, ``beta``.
     """
+    y = _fp8_input(LAYER, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
+    if y is not None:
+        return y
+    _no_fp8_options(x_scale, group_size, dtype)
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
     beta = _check_param(beta, "beta", x, dtype_of=gamma)
@@ -539,3 +588,7 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     mine = norm(jax.lax.psum_scatter(rows, axes, scatter_dimension=0, tiled=True))
     out = jax.lax.all_gather(mine, axes, axis=0, tiled=True)
     return out[: out.shape[0] - pad].reshape(x.shape)
+
+
+rms_norm.__doc__ += _FP8_INPUT_DOC
+layer_norm.__doc__ += _FP8_INPUT_DOC

@@ -1,4 +1,5 @@
-"""Public fused variants: residual add + norm, and norm + FP8 quantization.
+"""Public fused variants: residual add + norm, norm + FP8 quantization, and the
+norm of an FP8 input (dequantized in the kernel).
 
 One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
 quantization (and ``h``) written once, with the statistics the backward needs.
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ._api import _Config, _check_eps, _check_param, _check_x, _dtype_name, _as_array, _backward, \
-    _sum_to_primal_vma
+    _no_fp8_options, _sum_to_primal_vma
 from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, norm_bwd, norm_fwd_fused
 
 Array = jax.Array
@@ -103,6 +104,73 @@ def _check_group_size(group_size, x):
     return g
 
 
+_OUT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+
+
+def is_fp8(x) -> bool:
+    """Whether ``x`` (an array) holds FP8 values this library reads."""
+    return hasattr(x, "dtype") and np.dtype(x.dtype) in FP8_MAX
+
+
+def _check_fp8_input(x, x_scale, group_size, dtype):
+    """Checks an FP8 ``x`` and its scales. Returns ``(x, x_scale, group, typed)``:
+    ``x_scale`` shaped ``x.shape[:-1] + (hidden // group,)`` (a per-tensor
+    scale is broadcast to one per row, ``group = hidden``), and ``typed`` a
+    stand-in of ``x``'s shape in the output dtype, for the other checks."""
+    if x.ndim < 1:
+        raise ValueError("x must have rank >= 1 (normalized over its last axis), got a scalar")
+    hidden = x.shape[-1]
+    if hidden < 1:
+        raise ValueError(f"x's last axis (the hidden size) must be >= 1, got shape {x.shape}")
+    out = np.dtype(jnp.bfloat16) if dtype is None else dtype
+    try:
+        out = np.dtype(out)
+    except TypeError as e:
+        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}") from e
+    if out not in _OUT_DTYPES:
+        raise TypeError(f"dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16, got {out.name}")
+    if x_scale is None:
+        raise TypeError("x_scale is required with an FP8 x: a float32 scalar (one scale for the tensor) "
+                        "or one scale per group of group_size columns")
+    if isinstance(x_scale, (int, float)) and not isinstance(x_scale, bool):
+        x_scale = jnp.float32(x_scale)
+    x_scale = _as_array(x_scale, "x_scale")
+    if x_scale.dtype != jnp.float32:
+        raise TypeError(f"x_scale must be float32, got {_dtype_name(x_scale.dtype)}")
+    if group_size is None:
+        if x_scale.shape != ():
+            raise ValueError(f"x_scale of shape {x_scale.shape} needs group_size (the columns per scale); "
+                             "without group_size it must be a scalar")
+        group = hidden
+        x_scale = jnp.broadcast_to(x_scale, x.shape[:-1] + (1,))
+    else:
+        group = _check_group_size(group_size, x)
+        want = x.shape[:-1] + (hidden // group,)
+        if x_scale.shape != want:
+            raise ValueError(f"x_scale must have shape {want} (x.shape[:-1] + (hidden // group_size,)), "
+                             f"got {x_scale.shape}")
+    return x, x_scale, group, jax.ShapeDtypeStruct(x.shape, out)
+
+
+def _dequantize(q, x_scale, group, dtype):
+    """``q * x_scale`` per group of columns, float32 math, in ``dtype``."""
+    shape = q.shape
+    qf = q.astype(jnp.float32).reshape(shape[:-1] + (shape[-1] // group, group))
+    return (qf * x_scale[..., None]).reshape(shape).astype(dtype)
+
+
+def _fp8_input_grads(dx, q, x_scale, group):
+    """Cotangents of an FP8 ``x`` and its scales from ``dx``, the gradient of
+    the dequantized input: ``dx * scale`` saturated into ``q``'s FP8 dtype,
+    and ``sum(dx * q)`` over each group (float32)."""
+    shape = q.shape
+    d = dx.astype(jnp.float32).reshape(shape[:-1] + (shape[-1] // group, group))
+    qf = q.astype(jnp.float32).reshape(d.shape)
+    fmax = FP8_MAX[np.dtype(q.dtype)]
+    dq = jnp.clip(d * x_scale[..., None], -fmax, fmax).reshape(shape).astype(q.dtype)
+    return dq, jnp.sum(d * qf, axis=-1)
+
+
 # ---------------------------------------------------------------------------
 # the kernels behind one call
 
@@ -120,13 +188,13 @@ def _param_dtype(x, gamma, beta):
     return x.dtype if p is None else p.dtype
 
 
-def _fused_forward(x, residual, gamma, beta, scale, cfg: _FusedConfig):
+def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
     """(y or q, mean, rstd, h, qs) from one forward kernel."""
     spec, norm = cfg.spec, cfg.norm
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
-        y = jnp.zeros(x.shape, spec.out_dtype if spec.quant else x.dtype)
-        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(spec.h_dtype) if spec.residual else None
+        y = jnp.zeros(x.shape, spec.out_dtype or x.dtype)
+        h = jnp.zeros(x.shape, spec.h_dtype) if spec.residual else None
         qs = None
         if spec.quant == "tensor":
             qs = jnp.zeros(jnp.shape(scale), jnp.float32)
@@ -137,37 +205,51 @@ def _fused_forward(x, residual, gamma, beta, scale, cfg: _FusedConfig):
         elif spec.quant == "group":
             qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), jnp.float32)
         return y, (stat if norm.kind == LAYER else None), stat, h, qs
-    ph = _placeholder(_param_dtype(x, gamma, beta))
+    typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
+    ph = _placeholder(_param_dtype(typed, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
-                          kind=norm.kind, eps=norm.eps, zero_centered_gamma=norm.zero_centered_gamma,
+                          x_scale, kind=norm.kind, eps=norm.eps, zero_centered_gamma=norm.zero_centered_gamma,
                           has_gamma=gamma is not None, has_beta=beta is not None, fused=spec)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _fused(x, residual, gamma, beta, scale, cfg):
-    y, _, _, h, qs = _fused_forward(x, residual, gamma, beta, scale, cfg)
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _fused(x, residual, gamma, beta, scale, x_scale, cfg):
+    y, _, _, h, qs = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
     return y, h, qs
 
 
-def _fused_fwd(x, residual, gamma, beta, scale, cfg):
-    y, mean, rstd, h, qs = _fused_forward(x, residual, gamma, beta, scale, cfg)
-    # The backward reads the normalized input: h with a residual.
+def _fused_fwd(x, residual, gamma, beta, scale, x_scale, cfg):
+    y, mean, rstd, h, qs = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
+    # The backward reads the normalized input: h with a residual, else x
+    # (dequantized there if FP8; the FP8 x is kept for its own cotangents).
     saved = h if cfg.spec.residual else x
-    return (y, h, qs), (saved, gamma, beta, mean, rstd, scale)
+    fp8_x = x if cfg.spec.x_group_size else None
+    return (y, h, qs), (saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale)
 
 
 def _fused_bwd(cfg, res, cts):
-    saved, gamma, beta, mean, rstd, scale = res
+    saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale = res
     x_dtype, r_dtype = cfg.x_dtype, cfg.r_dtype
     ct_y, ct_h, _ = cts  # amax / scales: no gradient
     norm = cfg.norm
+    group = cfg.spec.x_group_size
+    if group and not cfg.spec.residual:
+        saved = _dequantize(fp8_x, x_scale, group, cfg.spec.out_dtype)
+
+    def x_grads(dx):
+        """Cotangents of x and x_scale from the gradient of the (dequantized) input."""
+        if not group:
+            return _sum_to_primal_vma(dx.astype(x_dtype), saved), None
+        dq, dxs = _fp8_input_grads(dx, fp8_x, x_scale, group)
+        return _sum_to_primal_vma(dq, fp8_x), _sum_to_primal_vma(dxs, x_scale)
+
     # Straight-through for FP8 output: q's cotangent taken in the input's dtype.
     dy = ct_y.astype(saved.dtype)
     d_scale = None if scale is None else jnp.zeros_like(scale)
     if not cfg.spec.residual:
         dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, gamma, beta, norm)
-        return (_sum_to_primal_vma(dx, saved), None, _sum_to_primal_vma(dgamma, gamma),
-                _sum_to_primal_vma(dbeta, beta), d_scale)
+        gx, gxs = x_grads(dx)
+        return (gx, None, _sum_to_primal_vma(dgamma, gamma), _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
     dh = ct_h.astype(saved.dtype)
     if saved.size == 0:
         zeros = lambda p: None if p is None else jnp.zeros_like(p)
@@ -186,26 +268,36 @@ def _fused_bwd(cfg, res, cts):
                                      has_gamma=gamma is not None, has_beta=beta is not None, dh=dh)
         dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
         dbeta = None if beta is None else dbeta.astype(beta.dtype)
-    gx, gr = dx.astype(x_dtype), dx.astype(r_dtype)
-    return (_sum_to_primal_vma(gx, saved), _sum_to_primal_vma(gr, saved), _sum_to_primal_vma(dgamma, gamma),
-            _sum_to_primal_vma(dbeta, beta), d_scale)
+    gx, gxs = x_grads(dx)
+    return (gx, _sum_to_primal_vma(dx.astype(r_dtype), saved), _sum_to_primal_vma(dgamma, gamma),
+            _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
-         out_dtype=None, scale=None, group_size=0, scale_ub=None):
-    """Checks the arguments, then returns (y or q, h or None, qs or None)."""
-    x = _check_x(x)
-    gamma = _check_param(gamma, "gamma", x)
-    if kind == LAYER:
-        beta = _check_param(beta, "beta", x, dtype_of=gamma)
-    eps = _check_eps(eps)
+         out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None):
+    """Checks the arguments, then returns (y or q, h or None, qs or None).
+
+    ``x_scale``/``x_group_size``/``dtype``: an FP8 ``x``'s scales, the columns
+    per scale (None: one scale for the tensor), and the output dtype."""
     spec = dict(quant=quant)
+    if is_fp8(x):
+        if quant is not None:
+            raise TypeError(f"x must be float32, bfloat16 or float16 for an FP8 output, got {_dtype_name(x.dtype)}")
+        x, x_scale, group, typed = _check_fp8_input(x, x_scale, x_group_size, dtype)
+        spec.update(x_group_size=group, out_dtype=np.dtype(typed.dtype))
+    else:
+        _no_fp8_options(x_scale, x_group_size, dtype)
+        x = typed = _check_x(x)
+    gamma = _check_param(gamma, "gamma", typed)
+    if kind == LAYER:
+        beta = _check_param(beta, "beta", typed, dtype_of=gamma)
+    eps = _check_eps(eps)
     if residual is not None:
-        residual = _check_residual(residual, x)
-        spec.update(residual=True, h_dtype=_check_h_dtype(h_dtype, x))
+        residual = _check_residual(residual, typed)
+        spec.update(residual=True, h_dtype=_check_h_dtype(h_dtype, typed))
     elif h_dtype is not None:
         raise ValueError("h_dtype is only meaningful with a residual")
     if quant is not None:
@@ -220,7 +312,7 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec["group_size"] = _check_group_size(group_size, x)
     cfg = _FusedConfig(_Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
                        None if residual is None else np.dtype(residual.dtype))
-    return _fused(x, residual, gamma, beta, scale, cfg)
+    return _fused(x, residual, gamma, beta, scale, x_scale, cfg)
 
 
 def _with_h(outs, residual):
@@ -250,7 +342,7 @@ _transposed.defvjp(_transposed_fwd, _transposed_bwd)
 
 
 def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
-                 zero_centered_gamma: bool = False, h_dtype=None):
+                 zero_centered_gamma: bool = False, h_dtype=None, x_scale=None, group_size=None, dtype=None):
     """Residual add fused with RMSNorm: ``h = x + residual``, ``y = rms_norm(h)``.
 
     One pass: reads ``x`` and ``residual``, writes ``h`` and ``y``.
@@ -263,6 +355,8 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       h_dtype: dtype of ``h``: ``x.dtype`` (default) or float32 (keep the
         residual stream in float32 while ``x`` is bf16/f16). The sum is taken
         in float32 and rounded to ``h_dtype``; ``y`` normalizes ``h`` as stored.
+      x_scale, group_size, dtype: for an FP8 ``x``, as in :func:`rms_norm`;
+        ``x.dtype`` above then means ``dtype``.
 
     Returns:
       ``(y, h)``: ``y`` like ``x``; ``h`` of ``x``'s shape in ``h_dtype``.
@@ -271,19 +365,20 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       of both ``x`` and ``residual`` (each in its own dtype).
     """
     y, h, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype)
+                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype)
     return y, h
 
 
 def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
-                   eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None):
+                   eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None, x_scale=None,
+                   group_size=None, dtype=None):
     """Residual add fused with LayerNorm: ``h = x + residual``, ``y = layer_norm(h)``.
 
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
     gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
     y, h, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype)
+                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype)
     return y, h
 
 

@@ -166,14 +166,16 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 
 # The fused forward: the forward primitive with ``fused`` set (a FusedSpec).
 #
-# (x, gamma[, beta], residual, scale) -> (y[, mean], rstd, h, qs)
+# (x, gamma[, beta], residual, scale, x_scale) -> (y[, mean], rstd, h, qs)
 #
-# With ``residual``: h = x + residual (in h_dtype) is stored and normalized.
+# With ``x_group_size``: x is FP8, dequantized in the kernel as x * x_scale
+# (x_scale: ``x.shape[:-1] + (hidden // x_group_size,)``, float32), and y is in
+# ``out_dtype``. With ``residual``: h = x + residual (in h_dtype) is stored and normalized.
 # With ``quant``: y is FP8 (out_dtype); qs is amax (quant "tensor": one per
 # tensor, shaped like ``scale``), the row scales (``x.shape[:-1]``), the group
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
 # "current": shaped like ``scale``, whose values are not read). Absent operands and
-# outputs are empty placeholders: residual/h of shape (0,), scale/qs (0,) float32.
+# outputs are empty placeholders: residual/h of shape (0,), scale/x_scale/qs (0,) float32.
 
 QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
 
@@ -183,25 +185,30 @@ class FusedSpec:
     residual: bool = False
     h_dtype: Optional[np.dtype] = None  # with residual
     quant: Optional[str] = None  # None, "tensor", "row", "group", "current"
-    out_dtype: Optional[np.dtype] = None  # FP8 dtype with quant
+    out_dtype: Optional[np.dtype] = None  # y's dtype where it is not x's: FP8 with quant, float with FP8 x
+    x_group_size: int = 0  # > 0: x is FP8 with one scale per group of this many columns
     group_size: int = 0  # quant "group"
     scale_ub: float = math.inf  # quant "row"/"group"
 
 
-def norm_fwd_fused(x, gamma, beta, residual, scale, *, kind, eps, zero_centered_gamma, has_gamma,
+def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_centered_gamma, has_gamma,
                    has_beta, fused: FusedSpec):
     """Binds the fused forward; returns ``(y, mean, rstd, h, qs)`` (None where absent)."""
     params = dict(kind=kind, eps=float(eps), zero_centered_gamma=bool(zero_centered_gamma),
                   has_gamma=bool(has_gamma), has_beta=bool(has_beta), given_stats=False, fused=fused)
     if residual is None:
-        residual = _placeholder(x.dtype)
+        residual = _placeholder(fused.out_dtype if fused.x_group_size else x.dtype)
     if scale is None:
         scale = _placeholder(np.float32)
+    if x_scale is None:
+        x_scale = _placeholder(np.float32)
+    ps = [gamma] if kind == RMS else [gamma, beta]
+    outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, **params)
     if kind == RMS:
-        y, rstd, h, qs = norm_fwd_p.bind(x, gamma, residual, scale, **params)
+        y, rstd, h, qs = outs
         mean = None
     else:
-        y, mean, rstd, h, qs = norm_fwd_p.bind(x, gamma, beta, residual, scale, **params)
+        y, mean, rstd, h, qs = outs
     return y, mean, rstd, (h if fused.residual else None), (qs if fused.quant else None)
 
 
@@ -211,7 +218,7 @@ def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     if fused is not None:
         h = X if fused.residual else E
         qs = {None: E, "tensor": S, "current": S, "row": R, "group": C}[fused.quant]
-        return [X, *params, h, S], [X, *stats, h, qs]
+        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
 
@@ -228,9 +235,9 @@ def _fwd_abstract(x, *rest, kind, given_stats, fused=None, **_):
 
 
 def _fwd_fused_abstract(x, *rest, kind, fused):
-    residual, scale = rest[-2:]
+    residual, scale, _ = rest[-3:]
     vma = _vma(x, *rest)
-    outs = [_like(x, vma, dtype=fused.out_dtype if fused.quant else None)]
+    outs = [_like(x, vma, dtype=fused.out_dtype)]
     stat = _like(x, vma, shape=x.shape[:-1], dtype=np.float32)
     outs += [stat] if kind == RMS else [stat, stat]
     outs.append(_like(x, vma, dtype=fused.h_dtype) if fused.residual else _like(residual, vma))
@@ -255,7 +262,8 @@ def _fwd_local(st, x, *rest):
         avals = [jax.core.ShapedArray(a.shape, a.dtype) for a in (x, *rest)]
         outs = _fwd_fused_abstract(*avals, kind=st.kind, fused=fused)
         attrs.update(has_residual=fused.residual, quant=np.int32(QUANT_CODES[fused.quant]),
-                     group_size=np.int64(fused.group_size), scale_ub=np.float32(fused.scale_ub))
+                     group_size=np.int64(fused.group_size), scale_ub=np.float32(fused.scale_ub),
+                     x_group_size=np.int64(fused.x_group_size))
         target = "jrn_rms_norm_fwd_fused" if st.kind == RMS else "jrn_layer_norm_fwd_fused"
         return _call(target, [(o.shape, o.dtype) for o in outs], x, *rest, eps=np.float32(st.eps), **attrs)
     if st.given_stats:
@@ -302,19 +310,21 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
     # example parameters become groups; a batched tensor scale gives one amax
     # per example (an unbatched one is broadcast: still one amax per example).
     n_params = 1 if kind == RMS else 2
-    x, ps, (residual, scale) = args[0], list(args[1:1 + n_params]), args[1 + n_params:]
-    bx, bps, (br, bs) = dims[0], dims[1:1 + n_params], dims[1 + n_params:]
+    x, ps, (residual, scale, x_scale) = args[0], list(args[1:1 + n_params]), args[1 + n_params:]
+    bx, bps, (br, bs, bxs) = dims[0], dims[1:1 + n_params], dims[1 + n_params:]
     size = _batch_size(args, dims)
     x = batching.bdim_at_front(x, bx, size)
     if fused.residual:
         residual = batching.bdim_at_front(residual, br, size)
+    if fused.x_group_size:
+        x_scale = batching.bdim_at_front(x_scale, bxs, size)
     if fused.quant in ("tensor", "current"):
         scale = batching.bdim_at_front(scale, bs, size)
     if any(b is not None for b in bps):
         present = [has_gamma, has_beta][:n_params]
         ps = [batching.bdim_at_front(p, b, size) if keep else p for p, b, keep in zip(ps, bps, present)]
-    outs = norm_fwd_p.bind(x, *ps, residual, scale, kind=kind, has_gamma=has_gamma, has_beta=has_beta,
-                           fused=fused, **params)
+    outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, kind=kind, has_gamma=has_gamma,
+                           has_beta=has_beta, fused=fused, **params)
     n_stats = 1 if kind == RMS else 2
     out_dims = [0] * (1 + n_stats) + [0 if fused.residual else None, 0 if fused.quant else None]
     return outs, out_dims
@@ -563,7 +573,7 @@ def _layout(st, mesh, arg_infos, result_infos):
         # A scale from a whole tensor's amax (current scaling, or a per-tensor
         # scale per vmapped example) needs the whole tensor on every device.
         hidden = None
-        scale = arg_infos[-1] if fused is not None else None
+        scale = arg_infos[-2] if fused is not None else None
         if fused is not None and (fused.quant == "current" or (fused.quant == "tensor" and scale.shape)):
             rows = (None,) * len(rows)
 
@@ -629,7 +639,8 @@ def _infer(st, mesh, arg_infos, result_infos):
 
 def _sharding_rule(st, mesh, operand_types, result_types):
     """The einsum-like rule Shardy propagates shardings with: rows dims r0..,
-    the hidden dim h, the pair dim c, and a factor of its own per placeholder."""
+    the hidden dim h, and a factor of its own for each pair or scale dim and
+    each placeholder dim."""
     from jax._src.lib.mlir import ir
 
     roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
@@ -644,8 +655,8 @@ def _sharding_rule(st, mesh, operand_types, result_types):
             return rows + ["h"]
         if role == R:
             return list(rows)
-        if role == C:
-            return rows + ["c"]
+        if role == C:  # never split: a factor of its own
+            return rows + [f"c{next(fresh)}"]
         if role == P:
             return rows[:rank - 1] + ["h"]
         return [f"e{next(fresh)}" for _ in range(rank)]

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 
@@ -93,6 +94,18 @@ inline uint8_t to_fp8(float v, Fp8 fmt) {
   return sign | static_cast<uint8_t>((u >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits));
 }
 
+// FP8 (float8_e4m3fn or float8_e5m2) code -> float, exactly.
+inline float from_fp8(uint8_t b, Fp8 fmt) {
+  const bool e4m3 = fmt == Fp8::kE4M3;
+  const int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const int e = (b & 0x7f) >> man_bits, m = b & ((1 << man_bits) - 1);
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  if (e4m3 ? (e == 15 && m == 7) : (e == 31 && m != 0)) return std::nanf("");
+  if (!e4m3 && e == 31) return sign * std::numeric_limits<float>::infinity();
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), 1 - bias - man_bits);  // subnormal
+  return sign * std::ldexp(static_cast<float>(m + (1 << man_bits)), e - bias - man_bits);
+}
+
 // max that keeps a NaN of either side.
 inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
@@ -128,6 +141,11 @@ struct CpuBackend {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
     std::vector<float> row(H), out(H);
+    // FP8 input: its 256 codes decoded once.
+    float fp8_value[256];
+    if (a.x_fp8) {
+      for (int c = 0; c < 256; ++c) fp8_value[c] = from_fp8(static_cast<uint8_t>(c), a.x_fmt);
+    }
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
     const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
     if (per_tensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
@@ -138,9 +156,16 @@ struct CpuBackend {
       const int64_t g = r / rpg;
       const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
       const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
-      const T* xr = x + r * H;
-      // The row to normalize: x, or h = x + residual rounded to h's dtype.
-      for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
+      // The row to normalize: x (dequantized if FP8), or h = x + residual
+      // rounded to h's dtype.
+      if (a.x_fp8) {
+        const uint8_t* xq = static_cast<const uint8_t*>(a.x) + r * H;
+        const float* xs = a.x_scale + r * (H / a.x_group);
+        for (int64_t i = 0; i < H; ++i) row[i] = fp8_value[xq[i]] * xs[i / a.x_group];
+      } else {
+        const T* xr = x + r * H;
+        for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
+      }
       if (a.residual) {
         for (int64_t i = 0; i < H; ++i) {
           const int64_t k = r * H + i;

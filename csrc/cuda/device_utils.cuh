@@ -158,6 +158,25 @@ __device__ __forceinline__ void store_fp8(uint8_t* p, const float (&f)[N], Fp8 f
   }
 }
 
+// Loads N FP8 codes as floats, exactly (NaN kept), with one access when N is
+// even (`p` aligned to N bytes).
+template <int N>
+__device__ __forceinline__ void load_fp8(const uint8_t* p, Fp8 fmt, float (&f)[N]) {
+  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  if constexpr (N % 2 == 0) {
+    const Pack<__nv_fp8x2_storage_t, N / 2> pk = *reinterpret_cast<const Pack<__nv_fp8x2_storage_t, N / 2>*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pk.v[i], kind)));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], kind)));
+  }
+}
+
 // max of non-negative floats (|y|) by their bits; a NaN (positive bits above
 // infinity's) wins, so it reaches amax and the scales instead of vanishing.
 __device__ __forceinline__ float abs_max(float a, float b) {

@@ -8,7 +8,8 @@
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //
-// Both take the fused variants (norm_fused.h): with a residual, the row is
+// Both take the fused variants (norm_fused.h): with XQ, x is FP8 with a scale
+// per group of columns, dequantized as it is loaded; with a residual, the row is
 // h = x + residual (stored, then normalized as stored); with Q != kNone, y is
 // written as FP8: times the given per-tensor scale (max |y| atomically merged
 // into amax), or divided by a scale computed from the row's / the group's own
@@ -50,6 +51,22 @@ __device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y
   store_fp8<VEC>(static_cast<uint8_t*>(a.y) + idx, q, a.fp8);
 }
 
+// Loads VEC elements of x at (row, col) as floats: T values, or with XQ (FP8
+// input) FP8 codes times their group's scale. A pack lies within one group
+// (the launcher makes the group size a multiple of VEC).
+template <bool XQ, int VEC, class T>
+__device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int64_t col, float (&v)[VEC]) {
+  const int64_t idx = row * a.shape.hidden + col;
+  if constexpr (XQ) {
+    load_fp8<VEC>(static_cast<const uint8_t*>(a.x) + idx, a.x_fmt, v);
+    const float s = __ldg(a.x_scale + idx / a.x_group);  // = row * (hidden / group) + col / group
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] *= s;
+  } else {
+    load_pack<VEC>(static_cast<const T*>(a.x) + idx, v);
+  }
+}
+
 // Merges the CTA's per-row maxima `m` (held by thread x == 0 of each row)
 // into amax of each row's tensor: one atomic per tensor the CTA touches.
 // `smem` holds a float per row of the CTA.
@@ -77,7 +94,7 @@ __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float
   }
 }
 
-template <NormKind K, Quant Q, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads, Q == Quant::kNone ? 1 : kQuantMinBlocks)
     fwd_regs(FwdArgs a, int cluster) {
   __shared__ float smem[kRowSumSmem];
@@ -88,7 +105,6 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   const int64_t first = static_cast<int64_t>(rank) * blockDim.x * kRegItems;
   const int64_t row = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
-  const T* x = static_cast<const T*>(a.x) + row * H;
   auto column = [&](int i) { return (first + static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
 
   float v[kRegItems][VEC];
@@ -97,7 +113,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
     if (valid && col < H) {
-      load_pack<VEC>(x + col, v[i]);
+      load_x<XQ, VEC, T>(a, row, col, v[i]);
       if (a.residual) {
         float r[VEC];
         load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
@@ -225,17 +241,16 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   }
 }
 
-template <NormKind K, Quant Q, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
   const int64_t row = blockIdx.x;
-  const T* x = static_cast<const T*>(a.x) + row * H;
   // The row being normalized: x, or h = x + residual as stored. Later passes
   // recompute h rather than read it back (h is written through a different
   // path than the read-only loads, within this kernel).
   auto load_row = [&](int64_t col, float (&v)[VEC]) {
-    load_pack<VEC>(x + col, v);
+    load_x<XQ, VEC, T>(a, row, col, v);
     if (a.residual) {
       float r[VEC];
       load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
@@ -253,7 +268,9 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   float acc[2] = {0.f, 0.f};
   float shift = 0.f;
   if (K == NormKind::kLayer) {
-    shift = to_float(x[0]);
+    float first[1];
+    load_x<XQ, 1, T>(a, row, 0, first);
+    shift = first[0];
     if (a.residual) {
       shift += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H]
                               : to_float(static_cast<const T*>(a.residual)[row * H]);
@@ -366,7 +383,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
 }
 
-template <NormKind K, Quant Q, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
   // Groups are taken by shuffles in fwd_regs when they span a power of two of
@@ -384,7 +401,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    fwd_regs<K, Q, T, P, VEC><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+    fwd_regs<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
@@ -395,11 +412,11 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     const int tpr = std::max<int>(lanes, pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems)));
     const int64_t blocks = a.shape.rows * cluster;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    return launch_clustered(fwd_regs<K, Q, T, P, VEC>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
+    return launch_clustered(fwd_regs<K, Q, T, P, VEC, XQ>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
                             stream, cluster, "fwd_regs (clusters)", a, cluster);
   }
   if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  fwd_stream<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
+  fwd_stream<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
   return check_launch("fwd_stream");
 }
 
@@ -417,8 +434,17 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
   const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
                       (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta)) &&
                       (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
-                      (Q != Quant::kGroup || a.group_size % kVec == 0);
-  return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec>(stream, a) : launch_fwd_vec<K, Q, T, P, 1>(stream, a);
+                      (Q != Quant::kGroup || a.group_size % kVec == 0) &&
+                      (!a.x_fp8 || a.x_group % kVec == 0);
+  if constexpr (Q == Quant::kNone) {
+    // FP8 input: only without FP8 output (checked by the decoder).
+    if (a.x_fp8) {
+      return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, true>(stream, a)
+                    : launch_fwd_vec<K, Q, T, P, 1, true>(stream, a);
+    }
+  }
+  return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, false>(stream, a)
+                : launch_fwd_vec<K, Q, T, P, 1, false>(stream, a);
 }
 
 // scale_inv[t] = quant_scale(amax[t]), in place.
