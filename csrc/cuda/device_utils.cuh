@@ -177,6 +177,19 @@ __device__ __forceinline__ void load_fp8(const uint8_t* p, Fp8 fmt, float (&f)[N
   }
 }
 
+// Decodes the four FP8 codes of a 32-bit word (lowest byte first), exactly.
+__device__ __forceinline__ void decode_fp8x4(uint32_t w, Fp8 fmt, float* f) {
+  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+  const float2 lo = __half22float2(__half2(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), kind)));
+  const float2 hi = __half22float2(__half2(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kind)));
+  f[0] = lo.x;
+  f[1] = lo.y;
+  f[2] = hi.x;
+  f[3] = hi.y;
+}
+
 // max of non-negative floats (|y|) by their bits; a NaN (positive bits above
 // infinity's) wins, so it reaches amax and the scales instead of vanishing.
 __device__ __forceinline__ float abs_max(float a, float b) {

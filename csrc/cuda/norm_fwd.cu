@@ -17,6 +17,9 @@
 // shuffles in fwd_regs, a thread per group in fwd_stream). Current scaling
 // (a scale from the tensor's own amax) runs the per-tensor kernels twice.
 //
+// FP8 input without a residual takes fwd_fp8_regs where the row fits: the
+// codes held raw in registers, decoded for each pass.
+//
 // With `given_stats` (the hidden dim split across devices) both take mean and
 // rstd from their inputs instead of the row and write only y.
 #include "device_utils.cuh"
@@ -107,28 +110,46 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   const bool valid = row < a.shape.rows;
   auto column = [&](int i) { return (first + static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
 
+  // Every load of the row is issued before any is used (no branch or store
+  // between them): the packs are in flight together. The residual, if any,
+  // is added in a second loop of loads, and h stored in a third.
   float v[kRegItems][VEC];
-  float sum[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
     if (valid && col < H) {
       load_x<XQ, VEC, T>(a, row, col, v[i]);
-      if (a.residual) {
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+  }
+  if (a.residual) {
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      const int64_t col = column(i);
+      if (valid && col < H) {
         float r[VEC];
         load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      const int64_t col = column(i);
+      if (valid && col < H) {
         if (!a.no_output) {
           store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
         } else {
           round_as<VEC, T>(a.h_f32, v[i]);
         }
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
     }
+  }
+  float sum[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) sum[0] += v[i][j];
   }
@@ -383,6 +404,92 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
 }
 
+// FP8 input, no residual, rows of up to kMaxRowThreads * kRegItems packs of
+// 16 codes (hidden <= 65536): each thread keeps its packs as raw codes, four
+// registers per 16 columns, so its four 16-byte loads are in flight together
+// (twice the bytes of fwd_regs' 8-code packs in the same registers), and
+// decodes them again for each pass over the row.
+constexpr int kFp8Vec = 16;
+
+template <NormKind K, class T, class P>
+__global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
+  __shared__ float smem[kRowSumSmem];
+  constexpr int V = kFp8Vec;
+  const int64_t H = a.shape.hidden;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  auto column = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * V; };
+  const uint8_t* x = static_cast<const uint8_t*>(a.x);
+  uint4 raw[kRegItems];
+  float sc[kRegItems];  // each pack's scale (zero where there is no pack)
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t idx = row * H + column(i);
+    const bool here = valid && column(i) < H;
+    raw[i] = here ? __ldg(reinterpret_cast<const uint4*>(x + idx)) : make_uint4(0, 0, 0, 0);
+    sc[i] = here ? __ldg(a.x_scale + idx / a.x_group) : 0.f;
+  }
+  auto decode = [&](int i, float (&f)[V]) {
+    decode_fp8x4(raw[i].x, a.x_fmt, f);
+    decode_fp8x4(raw[i].y, a.x_fmt, f + 4);
+    decode_fp8x4(raw[i].z, a.x_fmt, f + 8);
+    decode_fp8x4(raw[i].w, a.x_fmt, f + 12);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] *= sc[i];
+  };
+  float mean = 0.f;
+  if constexpr (K == NormKind::kLayer) {
+    float sum[1] = {0.f};
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      float f[V];
+      decode(i, f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum[0] += f[j];
+    }
+    row_sum<1>(sum, smem);
+    mean = sum[0] / static_cast<float>(H);
+  }
+  float ss[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    if (column(i) < H) {
+      float f[V];
+      decode(i, f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) ss[0] += (f[j] - mean) * (f[j] - mean);
+    }
+  }
+  row_sum<1>(ss, smem);
+  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  if (!valid) return;
+  const int64_t poff = (row / a.shape.rows_per_group()) * H;
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int64_t col = column(i);
+    if (col < H) {
+      float f[V], s[V];
+      decode(i, f);
+      load_scale<V>(gamma, col, a.zero_centered, s);
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] = (f[j] - mean) * rstd * s[j];
+      if (beta) {
+        float b[V];
+        load_pack<V>(beta + col, b);
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] += b[j];
+      }
+      store_pack<V>(static_cast<T*>(a.y) + row * H + col, f);
+    }
+  }
+  if (threadIdx.x == 0) {
+    a.rstd[row] = rstd;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+  }
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
@@ -438,6 +545,17 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
                       (!a.x_fp8 || a.x_group % kVec == 0);
   if constexpr (Q == Quant::kNone) {
     // FP8 input: only without FP8 output (checked by the decoder).
+    const int64_t packs = a.shape.hidden / kFp8Vec;
+    if (a.x_fp8 && !a.residual && !a.given_stats && a.shape.hidden % kFp8Vec == 0 &&
+        a.x_group % kFp8Vec == 0 && packs <= kMaxRowThreads * kRegItems && aligned16(a.x) && aligned16(a.y) &&
+        (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta))) {
+      const int tpr = pow2_ceil((packs + kRegItems - 1) / kRegItems);
+      const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+      const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+      if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+      fwd_fp8_regs<K, T, P><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+      return check_launch("fwd_fp8_regs");
+    }
     if (a.x_fp8) {
       return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, true>(stream, a)
                     : launch_fwd_vec<K, Q, T, P, 1, true>(stream, a);
