@@ -200,6 +200,16 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     const int64_t row = row0 + r;
     const float rstd = a.rstd[row];
     const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+    // The residual's gradient for this row, loaded now so that it arrives
+    // during the row reduction rather than between the stores of dx.
+    Vec dhr[kSliceItems];
+    if (a.dh) {
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        if (first + local(i) < H)
+          dhr[i] = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.dh) + row * H + first + local(i));
+      }
+    }
     float acc[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -234,7 +244,10 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           dg[i][j] += d * xh;
           db[i][j] += d;
         }
-        if (a.dh) add_dh<VEC, T>(a, row * H + first + local(i), out);
+        if (a.dh) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) out[j] += to_float(dhr[i].v[j]);
+        }
         store_pack<VEC>(dx + local(i), out);
       }
     }
