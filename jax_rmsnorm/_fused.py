@@ -58,14 +58,20 @@ def _check_h_dtype(h_dtype, x):
     return dt
 
 
-def _check_out_dtype(out_dtype):
+def _check_dtype(value, allowed, what):
+    """``value`` as a NumPy dtype, one of ``allowed``; ``what`` names the
+    argument and the dtypes it takes."""
     try:
-        dt = np.dtype(out_dtype)
+        dt = np.dtype(value)
     except TypeError as e:
-        raise TypeError(f"out_dtype must be float8_e4m3fn or float8_e5m2, got {out_dtype!r}") from e
-    if dt not in FP8_MAX:
-        raise TypeError(f"out_dtype must be float8_e4m3fn or float8_e5m2, got {dt.name}")
+        raise TypeError(f"{what}, got {value!r}") from e
+    if dt not in allowed:
+        raise TypeError(f"{what}, got {dt.name}")
     return dt
+
+
+def _check_out_dtype(out_dtype):
+    return _check_dtype(out_dtype, FP8_MAX, "out_dtype must be float8_e4m3fn or float8_e5m2")
 
 
 def _check_scale(scale):
@@ -122,13 +128,8 @@ def _check_fp8_input(x, x_scale, group_size, dtype):
     hidden = x.shape[-1]
     if hidden < 1:
         raise ValueError(f"x's last axis (the hidden size) must be >= 1, got shape {x.shape}")
-    out = np.dtype(jnp.bfloat16) if dtype is None else dtype
-    try:
-        out = np.dtype(out)
-    except TypeError as e:
-        raise TypeError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}") from e
-    if out not in _OUT_DTYPES:
-        raise TypeError(f"dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16, got {out.name}")
+    out = _check_dtype(jnp.bfloat16 if dtype is None else dtype, _OUT_DTYPES,
+                       "dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16")
     if x_scale is None:
         raise TypeError("x_scale is required with an FP8 x: a float32 scalar (one scale for the tensor) "
                         "or one scale per group of group_size columns")

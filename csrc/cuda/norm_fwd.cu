@@ -193,16 +193,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
     if (valid && col < H) {
-      float s[VEC];
-      load_scale<VEC>(gamma, col, a.zero_centered, s);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = v[i][j] * rstd * s[j];
-      if (beta) {
-        float b[VEC];
-        load_pack<VEC>(beta + col, b);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i][j] += b[j];
-      }
+      scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
       if constexpr (Q == Quant::kNone) {
         store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
       } else if constexpr (Q == Quant::kTensor) {
@@ -321,17 +312,8 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
   auto normalize = [&](int64_t col, float (&v)[VEC]) {
-    float s[VEC];
     load_row(col, v);
-    load_scale<VEC>(gamma, col, a.zero_centered, s);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = (v[j] - mean_used) * rstd * s[j];
-    if (beta) {
-      float b[VEC];
-      load_pack<VEC>(beta + col, b);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] += b[j];
-    }
+    scale_shift<VEC>(v, mean_used, rstd, gamma, beta, col, a.zero_centered);
   };
   if constexpr (Q == Quant::kNone) {
     T* y = static_cast<T*>(a.y) + row * H;
@@ -470,17 +452,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);
     if (col < H) {
-      float f[V], s[V];
+      float f[V];
       decode(i, f);
-      load_scale<V>(gamma, col, a.zero_centered, s);
-#pragma unroll
-      for (int j = 0; j < V; ++j) f[j] = (f[j] - mean) * rstd * s[j];
-      if (beta) {
-        float b[V];
-        load_pack<V>(beta + col, b);
-#pragma unroll
-        for (int j = 0; j < V; ++j) f[j] += b[j];
-      }
+      scale_shift<V>(f, mean, rstd, gamma, beta, col, a.zero_centered);
       store_pack<V>(static_cast<T*>(a.y) + row * H + col, f);
     }
   }
