@@ -300,9 +300,11 @@ _FP8_INPUT_DOC = """
 
 
 def _fp8_input(kind, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype):
-    """The FP8-input path of rms_norm/layer_norm, or None for a float x."""
+    """The FP8-input path of rms_norm/layer_norm; None for a float x (once
+    its FP8-only options are checked to be absent)."""
     from ._fused import _run, is_fp8  # _fused builds on this module
     if not is_fp8(x):
+        _no_fp8_options(x_scale, group_size, dtype)
         return None
     if axis_name is not None:
         raise NotImplementedError("axis_name is not supported with an FP8 x yet")
@@ -341,7 +343,6 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
     y = _fp8_input(RMS, x, gamma, None, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
     if y is not None:
         return y
-    _no_fp8_options(x_scale, group_size, dtype)
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
     return _dispatch(x, gamma, None, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axis_name)
@@ -370,7 +371,6 @@ def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = 
     y = _fp8_input(LAYER, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
     if y is not None:
         return y
-    _no_fp8_options(x_scale, group_size, dtype)
     x = _check_x(x)
     gamma = _check_param(gamma, "gamma", x)
     beta = _check_param(beta, "beta", x, dtype_of=gamma)
