@@ -36,12 +36,13 @@ def _as_array(v, name):
     return v
 
 
-def _check_x(x, name="x"):
+def _check_x(x, name="x", dtypes=_X_DTYPES):
     x = _as_array(x, name)
     if x.ndim < 1:
         raise ValueError(f"{name} must have rank >= 1 (normalized over its last axis), got a scalar")
-    if x.dtype not in _X_DTYPES:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {_dtype_name(x.dtype)}")
+    if x.dtype not in dtypes:
+        names = [_dtype_name(d) for d in dtypes]
+        raise TypeError(f"{name} must be {', '.join(names[:-1])} or {names[-1]}, got {_dtype_name(x.dtype)}")
     if x.shape[-1] < 1:
         raise ValueError(f"{name}'s last axis (the hidden size) must be >= 1, got shape {x.shape}")
     return x

@@ -120,14 +120,11 @@ def is_fp8(x) -> bool:
 
 def _check_fp8_input(x, x_scale, group_size, dtype):
     """Checks an FP8 ``x`` and its scales. Returns ``(x, x_scale, group, typed)``:
-    ``x_scale`` shaped ``x.shape[:-1] + (hidden // group,)`` (a per-tensor
-    scale is broadcast to one per row, ``group = hidden``), and ``typed`` a
-    stand-in of ``x``'s shape in the output dtype, for the other checks."""
-    if x.ndim < 1:
-        raise ValueError("x must have rank >= 1 (normalized over its last axis), got a scalar")
+    ``x`` checked, ``x_scale`` shaped ``x.shape[:-1] + (hidden // group,)`` (a
+    per-tensor scale is broadcast to one per row, ``group = hidden``), and
+    ``typed`` a stand-in of ``x``'s shape in the output dtype, for the other checks."""
+    x = _check_x(x, dtypes=FP8_DTYPES)
     hidden = x.shape[-1]
-    if hidden < 1:
-        raise ValueError(f"x's last axis (the hidden size) must be >= 1, got shape {x.shape}")
     out = _check_dtype(jnp.bfloat16 if dtype is None else dtype, _OUT_DTYPES,
                        "dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16")
     if x_scale is None:
@@ -153,23 +150,24 @@ def _check_fp8_input(x, x_scale, group_size, dtype):
     return x, x_scale, group, jax.ShapeDtypeStruct(x.shape, out)
 
 
+def _by_group(a, group):
+    """``a`` in float32 with its last axis split into groups: ``(..., hidden // group, group)``."""
+    return a.astype(jnp.float32).reshape(a.shape[:-1] + (a.shape[-1] // group, group))
+
+
 def _dequantize(q, x_scale, group, dtype):
     """``q * x_scale`` per group of columns, float32 math, in ``dtype``."""
-    shape = q.shape
-    qf = q.astype(jnp.float32).reshape(shape[:-1] + (shape[-1] // group, group))
-    return (qf * x_scale[..., None]).reshape(shape).astype(dtype)
+    return (_by_group(q, group) * x_scale[..., None]).reshape(q.shape).astype(dtype)
 
 
 def _fp8_input_grads(dx, q, x_scale, group):
     """Cotangents of an FP8 ``x`` and its scales from ``dx``, the gradient of
     the dequantized input: ``dx * scale`` saturated into ``q``'s FP8 dtype,
     and ``sum(dx * q)`` over each group (float32)."""
-    shape = q.shape
-    d = dx.astype(jnp.float32).reshape(shape[:-1] + (shape[-1] // group, group))
-    qf = q.astype(jnp.float32).reshape(d.shape)
+    d = _by_group(dx, group)
     fmax = FP8_MAX[np.dtype(q.dtype)]
-    dq = jnp.clip(d * x_scale[..., None], -fmax, fmax).reshape(shape).astype(q.dtype)
-    return dq, jnp.sum(d * qf, axis=-1)
+    dq = jnp.clip(d * x_scale[..., None], -fmax, fmax).reshape(q.shape).astype(q.dtype)
+    return dq, jnp.sum(d * _by_group(q, group), axis=-1)
 
 
 # ---------------------------------------------------------------------------
