@@ -57,6 +57,9 @@ inline ffi::Error read_shape(const ffi::AnyBuffer& x, const ffi::AnyBuffer& para
   auto dims = x.dimensions();
   if (dims.size() < 1) return ffi::Error::InvalidArgument("jax_rmsnorm: x must have rank >= 1");
   shape->hidden = dims.back();
+  // Kernels index the columns of a row with 32-bit integers.
+  if (shape->hidden > INT32_MAX)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: the hidden size must be below 2^31");
   shape->rows = shape->hidden > 0 ? static_cast<int64_t>(x.element_count()) / shape->hidden : 0;
   shape->groups = 1;
   if (!is_float_type(x.element_type())) {

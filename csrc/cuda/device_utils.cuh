@@ -77,10 +77,48 @@ __device__ __forceinline__ void load_pack(const T* p, float (&f)[N]) {
   }
 }
 
+// Two floats as one 32-bit word of two 16-bit T (the first in the low half,
+// as it lies in memory), rounded to nearest even by one paired conversion.
+template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162_raw r = __floats2bfloat162_rn(lo, hi);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2_raw r = __floats2half2_rn(lo, hi);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+// Stores K 32-bit words with the widest accesses their count allows (`p`
+// aligned to them), written as PTX vector stores: in the larger kernels the
+// compiler split a uint4 assigned through a pointer into four 4-byte stores
+// (seen in the PTX), four times the store instructions; the store
+// intrinsics (__stwb) keep the width but compile to a stronger, ordered store.
+template <int K>
+__device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[K]) {
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int c = 0; c < K / 4; ++c)
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(static_cast<uint4*>(p) + c),
+                   "r"(w[4 * c]), "r"(w[4 * c + 1]), "r"(w[4 * c + 2]), "r"(w[4 * c + 3])
+                   : "memory");
+  } else if constexpr (K == 2) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+  } else {
+#pragma unroll
+    for (int c = 0; c < K; ++c) static_cast<uint32_t*>(p)[c] = w[c];
+  }
+}
+
 template <int N, class T>
 __device__ __forceinline__ void store_pack(T* p, const float (&f)[N]) {
   constexpr int kBytes = N * sizeof(T);
-  if constexpr (kBytes % 16 == 0) {
+  if constexpr (kBytes % 16 == 0 && sizeof(T) == 2) {
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = pack2<T>(f[2 * i], f[2 * i + 1]);
+    store_words<N / 2>(p, w);
+  } else if constexpr (kBytes % 16 == 0) {
     Pack<T, N> pk;
 #pragma unroll
     for (int i = 0; i < N; ++i) pk.v[i] = from_float<T>(f[i]);
@@ -141,53 +179,81 @@ __device__ __forceinline__ void round_as(bool f32, float (&f)[N]) {
   }
 }
 
-// Stores N floats as FP8 (saturating at the format's largest finite value,
-// round to nearest even, NaN kept) with one access when N is even.
+// Four floats as the four FP8 codes of a 32-bit word (the first in the lowest
+// byte), saturating at the format's largest finite value, round to nearest
+// even, NaN kept.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ uint32_t fp8x4(const float* f) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(f[0], f[1]), __NV_SATFINITE, KIND);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(f[2], f[3]), __NV_SATFINITE, KIND);
+  return lo | (hi << 16);
+}
+
+// The four FP8 codes of a 32-bit word (lowest byte first) as floats, exactly.
+template <__nv_fp8_interpretation_t KIND>
+__device__ __forceinline__ void decode_fp8x4_as(uint32_t w, float* f) {
+  const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), KIND)));
+  const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(w >> 16), KIND)));
+  f[0] = lo.x;
+  f[1] = lo.y;
+  f[2] = hi.x;
+  f[3] = hi.y;
+}
+__device__ __forceinline__ void decode_fp8x4(uint32_t w, Fp8 fmt, float* f) {
+  if (fmt == Fp8::kE4M3) {
+    decode_fp8x4_as<__NV_E4M3>(w, f);
+  } else {
+    decode_fp8x4_as<__NV_E5M2>(w, f);
+  }
+}
+
+// Stores N floats as FP8 codes, with one access when N is a multiple of 4
+// (`p` aligned to N bytes). The format is chosen once per call, not per pair.
 template <int N>
 __device__ __forceinline__ void store_fp8(uint8_t* p, const float (&f)[N], Fp8 fmt) {
-  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  if constexpr (N % 2 == 0) {
-    Pack<__nv_fp8x2_storage_t, N / 2> pk;
+  if constexpr (N % 4 == 0) {
+    uint32_t w[N / 4];
+    if (fmt == Fp8::kE4M3) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i)
-      pk.v[i] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * i], f[2 * i + 1]), __NV_SATFINITE, kind);
-    *reinterpret_cast<Pack<__nv_fp8x2_storage_t, N / 2>*>(p) = pk;
+      for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E4M3>(f + 4 * i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E5M2>(f + 4 * i);
+    }
+    store_words<N / 4>(p, w);
   } else {
+    const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
 #pragma unroll
     for (int i = 0; i < N; ++i) p[i] = __nv_cvt_float_to_fp8(f[i], __NV_SATFINITE, kind);
   }
 }
 
-// Loads N FP8 codes as floats, exactly (NaN kept), with one access when N is
-// even (`p` aligned to N bytes).
+// Loads N FP8 codes as floats, exactly (NaN kept), with one access when N is a
+// multiple of 4 (`p` aligned to N bytes).
 template <int N>
 __device__ __forceinline__ void load_fp8(const uint8_t* p, Fp8 fmt, float (&f)[N]) {
-  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  if constexpr (N % 2 == 0) {
-    const Pack<__nv_fp8x2_storage_t, N / 2> pk = *reinterpret_cast<const Pack<__nv_fp8x2_storage_t, N / 2>*>(p);
+  if constexpr (N % 16 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pk.v[i], kind)));
-      f[2 * i] = v.x;
-      f[2 * i + 1] = v.y;
+    for (int c = 0; c < N / 16; ++c) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p) + c);
+      decode_fp8x4(w.x, fmt, f + 16 * c);
+      decode_fp8x4(w.y, fmt, f + 16 * c + 4);
+      decode_fp8x4(w.z, fmt, f + 16 * c + 8);
+      decode_fp8x4(w.w, fmt, f + 16 * c + 12);
     }
+  } else if constexpr (N == 8) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+    decode_fp8x4(w.x, fmt, f);
+    decode_fp8x4(w.y, fmt, f + 4);
+  } else if constexpr (N == 4) {
+    decode_fp8x4(__ldg(reinterpret_cast<const unsigned int*>(p)), fmt, f);
   } else {
+    const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
 #pragma unroll
     for (int i = 0; i < N; ++i) f[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], kind)));
   }
-}
-
-// Decodes the four FP8 codes of a 32-bit word (lowest byte first), exactly.
-__device__ __forceinline__ void decode_fp8x4(uint32_t w, Fp8 fmt, float* f) {
-  const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;
-  const float2 lo = __half22float2(__half2(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), kind)));
-  const float2 hi = __half22float2(__half2(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kind)));
-  f[0] = lo.x;
-  f[1] = lo.y;
-  f[2] = hi.x;
-  f[3] = hi.y;
 }
 
 // max of non-negative floats (|y|) by their bits; a NaN (positive bits above

@@ -35,6 +35,18 @@ constexpr int kSliceItems = 4;  // packs per thread in bwd_slices
 constexpr int kSliceThreads = 512;
 constexpr int kMaxCluster = 16;
 
+// The row sums of the backward, acc = {sum(g * xhat), sum(g)}, g = dy * scale,
+// over the row's threads (and its cluster's CTAs): RMSNorm needs only the
+// first, so it reduces one value (the second is then dead code).
+template <NormKind K>
+__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem, float (*xchg)[2] = nullptr,
+                                              int cluster = 1, int buf = 0) {
+  constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
+  float(&sums)[kSums] = reinterpret_cast<float(&)[kSums]>(acc);
+  row_sum<kSums>(sums, smem);
+  if (cluster > 1) cluster_sum<kSums>(sums, reinterpret_cast<float(*)[kSums]>(xchg), buf);
+}
+
 // Slots [0, used) of group blockIdx.y; `stride` is the slot count the
 // workspace was allocated with.
 struct SlotLayout {
@@ -102,18 +114,14 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
           acc[0] += g[i][j] * xh[i][j];
           acc[1] += g[i][j];
           dg[i][j] += d[j] * xh[i][j];
-          db[i][j] += d[j];
+          if constexpr (K == NormKind::kLayer) db[i][j] += d[j];
         }
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) xh[i][j] = g[i][j] = 0.f;
       }
     }
-    if constexpr (K == NormKind::kLayer) {
-      row_sum<2>(acc, smem);
-    } else {
-      row_sum<1>(reinterpret_cast<float(&)[1]>(acc), smem);
-    }
+    grad_row_sums<K>(acc, smem);
     const float c1 = a.coef ? (valid ? a.coef[2 * row] : 0.f) : acc[0] / static_cast<float>(H);
     const float c2 = K != NormKind::kLayer ? 0.f
                      : a.coef              ? (valid ? a.coef[2 * row + 1] : 0.f)
@@ -141,7 +149,7 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
     if (col < H) {
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg[i]);
-      if (a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
+      if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
     }
   }
 }
@@ -225,8 +233,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
         }
       }
     }
-    row_sum<2>(acc, smem);
-    if (cluster > 1) cluster_sum<2>(acc, xchg, st);
+    grad_row_sums<K>(acc, smem, xchg, cluster, st);
     const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
     const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
     T* dx = static_cast<T*>(a.dx) + row * H + first;
@@ -242,7 +249,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           const float d = to_float(dr.v[j]);
           out[j] = rstd * (d * s[j] - c2 - xh * c1);
           dg[i][j] += d * xh;
-          db[i][j] += d;
+          if constexpr (K == NormKind::kLayer) db[i][j] += d;
         }
         if (a.dh) {
 #pragma unroll
@@ -260,7 +267,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     if (first + local(i) < H) {
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), dg[i]);
-      if (a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), db[i]);
+      if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), db[i]);
     }
   }
 }
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
         acc[1] += g;
       }
     }
-    row_sum<2>(acc, smem);
+    grad_row_sums<K>(acc, smem);
     const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
     const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
     T* dx = static_cast<T*>(a.dx) + row * H;

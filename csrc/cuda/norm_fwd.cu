@@ -56,13 +56,15 @@ __device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y
 
 // Loads VEC elements of x at (row, col) as floats: T values, or with XQ (FP8
 // input) FP8 codes times their group's scale. A pack lies within one group
-// (the launcher makes the group size a multiple of VEC).
+// (the launcher makes the group size a multiple of VEC). Columns and group
+// sizes are below 2^31 (checked by the launchers): 32-bit arithmetic.
 template <bool XQ, int VEC, class T>
-__device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int64_t col, float (&v)[VEC]) {
+__device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, float (&v)[VEC]) {
   const int64_t idx = row * a.shape.hidden + col;
   if constexpr (XQ) {
     load_fp8<VEC>(static_cast<const uint8_t*>(a.x) + idx, a.x_fmt, v);
-    const float s = __ldg(a.x_scale + idx / a.x_group);  // = row * (hidden / group) + col / group
+    const int group = static_cast<int>(a.x_group);
+    const float s = __ldg(a.x_scale + row * (a.shape.hidden / group) + col / group);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] *= s;
   } else {
@@ -104,11 +106,17 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   __shared__ float xchg[2][1];
   const int64_t H = a.shape.hidden;
   // With clusters, CTA `rank` of the cluster holds vectors [rank * slice, (rank + 1) * slice).
+  // Columns are ints (hidden < 2^31, checked by the launcher): 64-bit column
+  // arithmetic was most of this kernel's integer instructions, and its spills.
   const int rank = cluster > 1 ? static_cast<int>(blockIdx.x % cluster) : 0;
-  const int64_t first = static_cast<int64_t>(rank) * blockDim.x * kRegItems;
   const int64_t row = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
-  auto column = [&](int i) { return (first + static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
+  const int col0 = (rank * static_cast<int>(blockDim.x) * kRegItems + static_cast<int>(threadIdx.x)) * VEC;
+  const int col_step = static_cast<int>(blockDim.x) * VEC;
+  auto column = [&](int i) { return col0 + i * col_step; };
+  bool in[kRegItems];  // pack i is a column of a valid row
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) in[i] = valid && column(i) < H;
 
   // Every load of the row is issued before any is used (no branch or store
   // between them): the packs are in flight together. The residual, if any,
@@ -116,9 +124,8 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   float v[kRegItems][VEC];
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = column(i);
-    if (valid && col < H) {
-      load_x<XQ, VEC, T>(a, row, col, v[i]);
+    if (in[i]) {
+      load_x<XQ, VEC, T>(a, row, column(i), v[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
@@ -127,20 +134,18 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   if (a.residual) {
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int64_t col = column(i);
-      if (valid && col < H) {
+      if (in[i]) {
         float r[VEC];
-        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
+        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + column(i), r);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
       }
     }
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int64_t col = column(i);
-      if (valid && col < H) {
+      if (in[i]) {
         if (!a.no_output) {
-          store_pack_as<VEC, T>(a.h, a.h_f32, row * H + col, v[i]);
+          store_pack_as<VEC, T>(a.h, a.h_f32, row * H + column(i), v[i]);
         } else {
           round_as<VEC, T>(a.h_f32, v[i]);
         }
@@ -163,8 +168,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   float ss[1] = {0.f};
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = column(i);
-    if (col < H) {
+    if (in[i]) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         v[i][j] -= mean;
@@ -182,7 +186,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
-  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   float m = 0.f;  // max |y| of this thread's columns
   float tensor_scale = 0.f;
   if (Q == Quant::kTensor && valid && !a.no_output) {
@@ -191,8 +195,8 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
   }
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int64_t col = column(i);
-    if (valid && col < H) {
+    const int col = column(i);
+    if (in[i]) {
       scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
       if constexpr (Q == Quant::kNone) {
         store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
     const float inv = 1.f / scale;
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (valid && column(i) < H) store_q<VEC>(a, row * H + column(i), v[i], inv);
+      if (in[i]) store_q<VEC>(a, row * H + column(i), v[i], inv);
     }
     if (valid && threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
   } else if constexpr (Q == Quant::kGroup) {
@@ -239,11 +243,11 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
 #pragma unroll
       for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[i][j]));
       for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
-      const int64_t col = column(i);
-      if (valid && col < H) {
+      if (in[i]) {
         const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-        store_q<VEC>(a, row * H + col, v[i], 1.f / scale);
-        if (threadIdx.x % lanes == 0) a.qscale[(row * H + col) / a.group_size] = scale;
+        store_q<VEC>(a, row * H + column(i), v[i], 1.f / scale);
+        const int group = static_cast<int>(a.group_size);
+        if (threadIdx.x % lanes == 0) a.qscale[row * (H / group) + column(i) / group] = scale;
       }
     }
   }
@@ -310,7 +314,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
-  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   auto normalize = [&](int64_t col, float (&v)[VEC]) {
     load_row(col, v);
     scale_shift<VEC>(v, mean_used, rstd, gamma, beta, col, a.zero_centered);
@@ -447,7 +451,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
   if (!valid) return;
   const int64_t poff = (row / a.shape.rows_per_group()) * H;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
-  const P* beta = a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = column(i);

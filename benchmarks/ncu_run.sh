@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Profiles chosen ops with Nsight Compute (after the build of device_run.sh):
+#   bash benchmarks/ncu_run.sh ROWS HIDDEN OP...   ; reports go to $OUT/ncu_OP_HIDDEN.txt
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+rows=$1; hidden=$2; shift 2
+for op in "$@"; do
+  timeout 120 ncu --clock-control none --kernel-name regex:'fwd_|bwd_|stats|apply|reduce_cols|dgamma' \
+    --launch-skip 0 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis \
+    python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 \
+    > "$OUT/ncu_${op}_${hidden}.txt" 2>&1
+  echo "$op: exit $?"
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Block Size|Grid Size" "$OUT/ncu_${op}_${hidden}.txt" | head -40
+done

@@ -1,0 +1,55 @@
+"""Runs chosen ops a few times each, for a profiler (Nsight Compute) to
+attach to: no timing here. Example, on a GPU machine:
+
+    ncu --clock-control none --kernel-name regex:'fwd_|bwd_' --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        python3 benchmarks/profile_ops.py rms_fp8 --rows 32768 --hidden 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+import jax_rmsnorm as jrn
+
+
+def ops(x, g, b, dy):
+    r = jnp.float32(0.5)
+    return {
+        "rms_fwd": lambda: jrn.rms_norm_fwd(x, g),
+        "ln_fwd": lambda: jrn.layer_norm_fwd(x, g, b),
+        "rms_bwd": lambda: jrn.rms_norm_bwd(dy, x, jrn.rms_norm_fwd(x, g)[1], g),
+        "ln_bwd": lambda: jrn.layer_norm_bwd(dy, x, *jrn.layer_norm_fwd(x, g, b)[1:], g),
+        "rms_fp8": lambda: jrn.rms_norm_fp8(x, g, scale=r),
+        "rms_fp8_row": lambda: jrn.rms_norm_fp8_rowwise(x, g),
+        "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
+        "add_rms": lambda: jrn.add_rms_norm(x, dy, g),
+        "rms_stats": lambda: jrn.rms_norm_stats(x),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("ops", nargs="+")
+    p.add_argument("--rows", type=int, default=32768)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--calls", type=int, default=3)
+    a = p.parse_args()
+    k = jax.random.split(jax.random.key(0), 4)
+    x = jax.random.normal(k[0], (a.rows, a.hidden), jnp.bfloat16)
+    dy = jax.random.normal(k[1], (a.rows, a.hidden), jnp.bfloat16)
+    g = 1 + 0.1 * jax.random.normal(k[2], (a.hidden,), jnp.bfloat16)
+    b = 0.1 * jax.random.normal(k[3], (a.hidden,), jnp.bfloat16)
+    table = ops(x, g, b, dy)
+    for name in a.ops:
+        f = jax.jit(table[name])
+        for _ in range(a.calls):
+            jax.block_until_ready(f())
+        print(name, "ran", a.calls, "times")
+
+
+if __name__ == "__main__":
+    main()
