@@ -14,6 +14,9 @@ import jax_rmsnorm as jrn
 # (rows, hidden): register kernels (aligned and not), streaming kernels (aligned
 # and not), more rows than dgamma slots.
 SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64)]
+# The persistent wide-row kernels (bwd_slices, fwd_slices) with several rows per
+# slot, so that each shared-memory stage is refilled and waited on again (bf16).
+MANY_ROWS = [(2000, 4096), (240, 65536)]
 
 
 def check(a, b, tol):
@@ -101,6 +104,18 @@ def main():
             jax.block_until_ready(jax.vmap(jax.grad(lambda x, g: jrn.rms_norm(x, g).astype(jnp.float32).sum(), (0, 1)))(xs, gs))
             fused(x, dy, g, tol)
         print(f"ok {m}x{h}", flush=True)
+    for m, h in MANY_ROWS:
+        k = jax.random.split(jax.random.key(m + h), 3)
+        x, dy = (jax.random.normal(kk, (m, h), jnp.float32).astype(jnp.bfloat16) for kk in k[:2])
+        g = (1 + 0.1 * jax.random.normal(k[2], (h,))).astype(jnp.float32)
+        cpu = jax.devices("cpu")[0]
+        for f in (lambda x, g: jrn.rms_norm(x, g), lambda x, g: jrn.layer_norm(x, g, g)):
+            y, vjp = jax.vjp(f, x, g)
+            yc, vjpc = jax.vjp(f, jax.device_put(x, cpu), jax.device_put(g, cpu))
+            check(y, yc, 3e-2)
+            for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
+                check(a, b, 3e-2)
+        print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")
 
 

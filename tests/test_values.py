@@ -49,40 +49,59 @@ def _run(kind, platform, x, gamma, beta, dy, zc):
     return y, mean, rstd, dict(zip(argnums, grads))
 
 
+def _check(kind, dtype, shape, platform, gdtype, zc, with_beta, key):
+    """Forward, statistics and gradients of one configuration against float64."""
+    hidden = shape[-1]
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    dy = random(key + 1, shape, dtype)
+    gamma = None if gdtype is None else random(key + 2, (hidden,), gdtype, scale=0.5, offset=1.0 if not zc else 0.0)
+    beta = random(key + 3, (hidden,), gdtype or dtype, scale=0.5) if with_beta else None
+    y, mean, rstd, grads = _run(kind, platform, x, gamma, beta, dy, zc)
+
+    what = f"{kind} {np.dtype(dtype).name} {shape} gamma={gdtype and np.dtype(gdtype).name} zc={zc} beta={with_beta}"
+    y_ref, mean_ref, rstd_ref = ref_forward(kind, x, gamma, beta, EPS[kind], zc)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_close(y, y_ref, dtype, what + " y")
+    assert rstd.dtype == jnp.float32 and rstd.shape == shape[:-1]
+    assert_close(rstd, rstd_ref, jnp.float32, what + " rstd", scale=1e-3 * max(1.0, rstd_ref.max()))
+    if kind == "layer":
+        assert_close(mean, mean_ref, jnp.float32, what + " mean", scale=0.1 * max(1.0, float(np.abs(f64(x)).max())))
+
+    dx_ref, dg_ref, db_ref = ref_backward(kind, dy, x, gamma, EPS[kind], zc)
+    assert grads[0].dtype == x.dtype
+    assert_close(grads[0], dx_ref, dtype, what + " dx")
+    rows = int(np.prod(shape[:-1]))
+    if gamma is not None:
+        assert grads[1].dtype == gamma.dtype
+        assert_close(grads[1], dg_ref, gamma.dtype, what + " dgamma",
+                     scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
+    if beta is not None:
+        assert grads[2].dtype == beta.dtype
+        assert_close(grads[2], db_ref, beta.dtype, what + " dbeta",
+                     scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_backward(kind, dtype, shape, platform):
-    hidden = shape[-1]
     for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
-        key = hash((kind, shape, i)) % 1000
-        x = random(key, shape, dtype, scale=2.0, offset=0.5)
-        dy = random(key + 1, shape, dtype)
-        gamma = None if gdtype is None else random(key + 2, (hidden,), gdtype, scale=0.5, offset=1.0 if not zc else 0.0)
-        beta = random(key + 3, (hidden,), gdtype or dtype, scale=0.5) if with_beta else None
-        y, mean, rstd, grads = _run(kind, platform, x, gamma, beta, dy, zc)
+        _check(kind, dtype, shape, platform, gdtype, zc, with_beta, hash((kind, shape, i)) % 1000)
 
-        what = f"{kind} {np.dtype(dtype).name} {shape} gamma={gdtype and np.dtype(gdtype).name} zc={zc} beta={with_beta}"
-        y_ref, mean_ref, rstd_ref = ref_forward(kind, x, gamma, beta, EPS[kind], zc)
-        assert y.dtype == x.dtype and y.shape == x.shape
-        assert_close(y, y_ref, dtype, what + " y")
-        assert rstd.dtype == jnp.float32 and rstd.shape == shape[:-1]
-        assert_close(rstd, rstd_ref, jnp.float32, what + " rstd", scale=1e-3 * max(1.0, rstd_ref.max()))
-        if kind == "layer":
-            assert_close(mean, mean_ref, jnp.float32, what + " mean", scale=0.1 * max(1.0, float(np.abs(f64(x)).max())))
 
-        dx_ref, dg_ref, db_ref = ref_backward(kind, dy, x, gamma, EPS[kind], zc)
-        assert grads[0].dtype == x.dtype
-        assert_close(grads[0], dx_ref, dtype, what + " dx")
-        rows = int(np.prod(shape[:-1]))
-        if gamma is not None:
-            assert grads[1].dtype == gamma.dtype
-            assert_close(grads[1], dg_ref, gamma.dtype, what + " dgamma",
-                         scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
-        if beta is not None:
-            assert grads[2].dtype == beta.dtype
-            assert_close(grads[2], db_ref, beta.dtype, what + " dbeta",
-                         scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))
+# On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks
+# several rows through a two-stage shared-memory ring. These shapes have more
+# rows than the GPU holds such slots at once (several rows per slot), so every
+# stage and barrier phase is reused; SHAPES above has too few rows for that.
+MANY_ROWS = [(3000, 1024), (3000, 4096), (1200, 8192), (400, 16384), (500, 65536), (72, 262144)]
+
+
+@pytest.mark.parametrize("shape", MANY_ROWS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_many_rows_per_slot(kind, dtype, shape, platform):
+    _check(kind, dtype, shape, platform, dtype, False, kind == "layer", hash((kind, shape)) % 1000)
 
 
 @pytest.mark.parametrize("kind", KINDS)

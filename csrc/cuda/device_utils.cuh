@@ -276,20 +276,103 @@ __device__ __forceinline__ void atomic_abs_max(float* p, float v) {
   if (bits > *reinterpret_cast<volatile int*>(p)) atomicMax(reinterpret_cast<int*>(p), bits);
 }
 
-// ---- Asynchronous global -> shared copies (cp.async, sm_80+), 16 bytes each.
-// A thread that reads back only what it copied itself needs no barrier, just
-// cp_async_wait.
+// Clusters and bulk copies exist from sm_90 on; the launchers check
+// has_clusters() first, so the older architectures' builds never reach the
+// helpers below that need them (they trap if they do).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define JRN_NO_CLUSTERS 1
+#endif
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+// ---- Bulk copies global -> shared (the tensor memory accelerator, sm_90+):
+// one thread moves a contiguous run of bytes (a multiple of 16, both ends
+// 16-byte aligned); an mbarrier counts the bytes in and completes its phase
+// when all have landed. Only kernels launched after has_clusters() use these.
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+// Initializes `bar` for one arriving thread, visible to the copy engine once
+// the CTA has synchronized.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
 }
+// Arms `bar` for `bytes` and starts copying them from `src` (global) to `dst` (shared).
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+// Orders this thread's earlier shared-memory accesses (and, after a barrier,
+// the CTA's) before later bulk copies into the same bytes.
+__device__ __forceinline__ void fence_async_smem() {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Waits for the phase of `bar` with the given parity to complete.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+// Two shared-memory stages filled by bulk copies, for kernels that walk rows:
+// thread 0 fills a stage with N contiguous runs of `bytes` each, and every
+// thread waits for a stage before reading it. The caller makes sure no thread
+// still reads a stage when it is refilled (a barrier in between).
+struct BulkStages {
+  uint64_t* landed;     // two mbarriers in shared memory: stage st has arrived
+  unsigned phases = 0;  // bit st: the parity of stage st's next phase
+
+  // Every thread of the CTA calls it (it holds a barrier).
+  __device__ __forceinline__ explicit BulkStages(uint64_t* bars) : landed(bars) {
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      mbar_init(&landed[0]);
+      mbar_init(&landed[1]);
+    }
+    __syncthreads();
+  }
+  template <int N>
+  __device__ __forceinline__ void fill(int st, void* const (&dst)[N], const void* const (&src)[N], unsigned bytes) {
+    fence_async_smem();
+    mbar_expect(&landed[st], N * bytes);
+#pragma unroll
+    for (int i = 0; i < N; ++i) bulk_copy(dst[i], src[i], bytes, &landed[st]);
+  }
+  __device__ __forceinline__ void wait(int st) {
+    mbar_wait(&landed[st], (phases >> st) & 1u);
+    phases ^= 1u << st;
+  }
+};
 
 // Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.
 template <int N, class P>
@@ -378,11 +461,6 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
 // Before exiting, a kernel must cluster-sync once more (cluster_done) so that
 // no CTA leaves while another still reads its shared memory.
 
-// Clusters exist from sm_90 on; the launchers check has_clusters() first, so
-// the older architectures' builds never reach these (they trap if they do).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define JRN_NO_CLUSTERS 1
-#endif
 
 template <int M, class Op = SumOp>
 __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity, Op op = {}) {
@@ -457,7 +535,7 @@ ffi::Error allow_cluster_launch(void (*kernel)(Params...), size_t smem, unsigned
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   }
-  if (smem > 48 * 1024) {
+  if (smem > 32 * 1024) {  // opt in well before 48 KB: static shared memory adds to it
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
