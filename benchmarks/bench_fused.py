@@ -13,13 +13,13 @@ residual, the parameters) and outputs written once (y or q, h, the statistics,
 amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
 tensor's amax is needed before anything is quantized; ``_t`` adds the
 transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
-norm, forward and backward in one jit (as in a training step): the forward's
-bytes plus the backward's (dy, dh and h read, dx written: the gradient of both
-x and the residual, and dgamma); its jnp counterpart is ``jax.vjp`` of the
-composition. ``fp8in_rms`` / ``fp8in_ln`` normalize an FP8 x with one scale
-per group of ``--group`` columns into ``--dtype`` (``_tensor``: one scale for
-the tensor): q and the scales read, y written; the jnp composition
-dequantizes and normalizes in one XLA fusion.
+norm, forward and backward in one jit (as in a training step), returning y,
+dx and dgamma: the forward's bytes plus the backward's (dy, dh and h read, dx
+written: the gradient of both x and the residual, returned once since it is
+one array); its jnp counterpart is ``jax.vjp`` of the composition. ``fp8in_rms`` / ``fp8in_ln``
+normalize an FP8 x with one scale per group of ``--group`` columns into
+``--dtype`` (``_tensor``: one scale for the tensor): q and the scales read, y
+written; the jnp composition dequantizes and normalizes in one XLA fusion.
 
     python benchmarks/bench_fused.py                          # bf16, standard sizes, on the default device
     python benchmarks/bench_fused.py --quick --device cpu     # tiny sizes: checks it runs end to end
@@ -40,7 +40,7 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
+OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
        "rms_fp8_current", "rms_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln",
        "fp8in_rms_tensor"]
 
@@ -99,16 +99,25 @@ def make(op, g, b, fmt, group, zc_scale):
 
         return ours, jax.jit(comp), plain, kind, False, None, False
     if op.endswith("_fwdbwd"):
-        fused = (lambda x, r: jrn.add_rms_norm(x, r, g)) if kind == "rms" else (lambda x, r: jrn.add_layer_norm(x, r, g, b))
+        fused = (lambda x, r, g: jrn.add_rms_norm(x, r, g)) if kind == "rms" else \
+            (lambda x, r, g: jrn.add_layer_norm(x, r, g, b))
 
-        def comp(x, r):
+        def comp(x, r, g):
             h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
 
-        # (dy, dh, x, r) -> (dx, dr): forward and backward in one jit.
-        ours = jax.jit(lambda dy, dh, x, r: jax.vjp(fused, x, r)[1]((dy, dh)))
-        xla = jax.jit(lambda dy, dh, x, r: jax.vjp(comp, x, r)[1]((dy, dh)))
-        return ours, xla, plain, kind, residual, mode, True
+        # (dy, dh, x, r) -> (y, dx, dgamma): forward and backward in one jit,
+        # y an output as in a model (where it feeds the next matmul). The
+        # residual's gradient is the same array as x's (h = x + r): returning
+        # it too would make XLA copy one of the two outputs.
+        def step(norm):
+            def f(dy, dh, x, r):
+                (y, _), vjp = jax.vjp(norm, x, r, g)
+                dx, _, dg = vjp((dy, dh))
+                return y, dx, dg
+            return jax.jit(f)
+
+        return step(fused), step(comp), plain, kind, residual, mode, True
 
     kw = {}
     if mode == "tensor":

@@ -91,9 +91,22 @@ GRAD_SHAPES = [(5, 7), (4, 1000), (3, 40001), (2, 65536)]
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_add_norm_grad(kind, dtype, shape, platform):
+    _check_add_grad(kind, dtype, shape, platform, [(None, dtype), (jnp.float32, jnp.float32)])
+
+
+# More rows than the GPU's persistent slots: dh goes through every stage of the
+# backward's shared-memory ring, several rows per slot (GRAD_SHAPES has too few).
+@pytest.mark.parametrize("shape", [(3000, 4096), (500, 65536)], ids=sid)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_add_norm_grad_many_rows(kind, shape, platform):
+    _check_add_grad(kind, jnp.bfloat16, shape, platform, [(None, jnp.bfloat16)])
+
+
+def _check_add_grad(kind, dtype, shape, platform, h_r_dtypes):
     key = hash(("addgrad", kind, shape)) % 1000
     hidden = shape[-1]
-    for h_dtype, r_dtype in [(None, dtype), (jnp.float32, jnp.float32)]:
+    for h_dtype, r_dtype in h_r_dtypes:
         x = random(key, shape, dtype, offset=0.3)
         r = random(key + 1, shape, r_dtype)
         gamma, beta = _params(kind, hidden, dtype, key)
