@@ -559,6 +559,14 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     the rows), normalized where they land, and all-gathered: the same bytes
     on the wire as the all-reduce, and 1/n of the normalization work each.
 
+    Under differentiation (without ``scatter``) the forward is the all-reduce
+    and the norm of every row instead, saving the whole sum: the cotangent of
+    the (replicated) output is the same on every device, so the backward then
+    needs no communication at all, where the scattered rows would need their
+    gradients all-gathered. Forward and backward together then cost what
+    ``psum`` followed by ``rms_norm`` costs; the forward alone (inference) is
+    the cheaper one.
+
     Args:
       partial_sum: ``(rows, ..., hidden)``, this device's partial sum.
       gamma: ``(hidden,)``, replicated over ``axis_name``, or None.
@@ -575,20 +583,48 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     x = _check_x(partial_sum, "partial_sum")
     gamma = _check_param(gamma, "gamma", x)
     axes = _axes_tuple(axis_name)
-    n = math.prod(jax.lax.axis_size(a) for a in axes)
-    norm = partial(rms_norm, gamma=gamma, eps=eps, zero_centered_gamma=zero_centered_gamma)
     if scatter:
+        n = math.prod(jax.lax.axis_size(a) for a in axes)
         if x.ndim < 2 or x.shape[0] % n:
             raise ValueError(f"scatter=True needs partial_sum's first axis to be a multiple of the "
                              f"axis size {n}, got shape {x.shape}")
-        return norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True))
+        return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=eps,
+                        zero_centered_gamma=zero_centered_gamma)
+    return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _all_reduce_norm(x, gamma, cfg, axes):
+    """Reduce-scatter the rows, normalize this device's share, all-gather."""
+    n = math.prod(jax.lax.axis_size(a) for a in axes)
     rows = x.reshape(-1, x.shape[-1])
     pad = -rows.shape[0] % n
     if pad:  # zero rows normalize to zero rows; they are dropped below
         rows = jnp.pad(rows, ((0, pad), (0, 0)))
-    mine = norm(jax.lax.psum_scatter(rows, axes, scatter_dimension=0, tiled=True))
-    out = jax.lax.all_gather(mine, axes, axis=0, tiled=True)
+    mine = _forward(jax.lax.psum_scatter(rows, axes, scatter_dimension=0, tiled=True), gamma, None, cfg)[0]
+    # Invariant over `axes` (the same on every device), as psum's result is.
+    out = jax.lax.all_gather(mine, axes, axis=0, tiled=True, to="invarying")
     return out[: out.shape[0] - pad].reshape(x.shape)
+
+
+def _all_reduce_norm_fwd(x, gamma, cfg, axes):
+    total = jax.lax.psum(x, axes)
+    y, _, rstd = _forward(total, gamma, None, cfg)
+    # An empty slice of x keeps its type (the mesh axes it varies over).
+    return y, (x.reshape(-1)[:0], total, gamma, rstd)
+
+
+def _all_reduce_norm_bwd(cfg, axes, res, dy):
+    x_type, total, gamma, rstd = res
+    dx, dgamma, _ = _backward(dy, total, None, rstd, gamma, None, cfg)
+    # psum's transpose: every device's partial sum gets the whole gradient.
+    extra = varying_axes(jax.typeof(x_type)) - varying_axes(jax.typeof(dx))
+    if extra:
+        dx = jax.lax.pcast(dx, tuple(sorted(extra)), to="varying")
+    return dx, _sum_to_primal_vma(dgamma, gamma)
+
+
+_all_reduce_norm.defvjp(_all_reduce_norm_fwd, _all_reduce_norm_bwd)
 
 
 rms_norm.__doc__ += _FP8_INPUT_DOC

@@ -298,6 +298,22 @@ def test_all_reduce_rms_norm(platform, scatter, rows):
             _close(a, b, jnp.float32, scale=20)
 
 
+def test_all_reduce_rms_norm_hlo():
+    """Forward alone: reduce-scatter + all-gather (1/n of the rows normalized
+    per device). Forward and backward: one all-reduce and nothing else (the
+    backward needs no communication), as psum + rms_norm."""
+    mesh = _mesh("cpu", 1, 4)
+    on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    fwd = on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"))
+    step = on_mesh(lambda p, g: jax.grad(
+        lambda p, g: jnp.sum(jrn.all_reduce_rms_norm(p, g, axis_name="model") ** 2), (0, 1))(p, g))
+    p, g = jnp.ones((4 * 16, 32), jnp.float32), jnp.ones((32,), jnp.float32)
+    ops = sorted(op for op, _ in _collectives(jax.jit(fwd).lower(p, g).compile().as_text()))
+    assert ops == ["all-gather", "reduce-scatter"], ops
+    comms = _collectives(jax.jit(step).lower(p, g).compile().as_text())
+    assert comms == [("all-reduce", 16 * 32)], comms
+
+
 def test_all_reduce_rms_norm_errors():
     mesh = _mesh("cpu", 1, 4)
 
