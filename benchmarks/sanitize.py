@@ -14,8 +14,9 @@ import jax_rmsnorm as jrn
 # (rows, hidden): register kernels (aligned and not), streaming kernels (aligned
 # and not), more rows than dgamma slots.
 SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64)]
-# The persistent wide-row kernels (bwd_slices, fwd_slices) with several rows per
-# slot, so that each shared-memory stage is refilled and waited on again (bf16).
+# The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
+# with several rows per slot, so that each shared-memory stage is refilled and
+# waited on again (bf16).
 MANY_ROWS = [(2000, 4096), (240, 65536)]
 
 
@@ -26,10 +27,38 @@ def check(a, b, tol):
     assert (err <= 0).all(), float(err.max())
 
 
+def fp8_outputs(h):
+    """FP8 outputs without a residual (fwd_slices from 128 packs a row), per
+    tensor (also two tensors under vmap), current, per row, per group."""
+    calls = [
+        lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=20.0),
+        lambda x, r, g: jax.vmap(lambda x: jrn.rms_norm_fp8(x, g, scale=20.0))(x.reshape(2, -1, h))
+        if x.shape[0] % 2 == 0 else jrn.rms_norm_fp8(x, g, scale=20.0),
+        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
+        lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g),
+    ]
+    return calls + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs)
+                    for gs in (16, 128) if h % gs == 0]
+
+
+def compare(calls, x, r, g, tol):
+    """Each call on the GPU against this library's CPU kernels, with a
+    tolerance by the output's dtype (FP8: one FP8 step)."""
+    cpu = jax.devices("cpu")[0]
+    on_cpu = lambda *a: [jax.device_put(v, cpu) for v in a]
+    for f in calls:
+        got, want = f(x, r, g), f(*on_cpu(x, r, g))
+        for a, b in zip(got, want):
+            t = {np.dtype(jnp.float8_e4m3fn): 0.13, np.dtype(jnp.float8_e5m2): 0.26,
+                 np.dtype(jnp.float32): max(tol, 1e-4)}.get(np.dtype(a.dtype), 3e-2)
+            check(a.astype(jnp.float32), b.astype(jnp.float32), t)
+
+
 def fused(x, r, g, tol):
-    """The fused variants (residual add, FP8 per tensor / current / row / group;
-    FP8 input for bf16 x), GPU against this library's CPU kernels (FP8 within
-    one FP8 step), and the fused add's gradient."""
+    """The fused variants (residual add, FP8 per tensor / current / row / group
+    with a residual and without; FP8 input for bf16 x), GPU against this
+    library's CPU kernels (FP8 within one FP8 step), and the fused add's
+    gradient."""
     h = x.shape[-1]
     calls = [
         lambda x, r, g: jrn.add_layer_norm(x, r, g, g, h_dtype=jnp.float32),
@@ -50,14 +79,9 @@ def fused(x, r, g, tol):
                 calls.append(lambda x, r, g, gs=gs, s=s: [jrn.rms_norm(on(q, x), g, x_scale=on(s, x), group_size=gs)])
                 calls.append(lambda x, r, g, gs=gs, s=s: jrn.add_rms_norm(on(q, x), r, g, x_scale=on(s, x),
                                                                           group_size=gs))
+    compare(calls + fp8_outputs(h), x, r, g, tol)
     cpu = jax.devices("cpu")[0]
     on_cpu = lambda *a: [jax.device_put(v, cpu) for v in a]
-    for f in calls:
-        got, want = f(x, r, g), f(*on_cpu(x, r, g))
-        for a, b in zip(got, want):  # tolerance by the output's own dtype
-            t = {np.dtype(jnp.float8_e4m3fn): 0.13, np.dtype(jnp.float8_e5m2): 0.26,
-                 np.dtype(jnp.float32): max(tol, 1e-4)}.get(np.dtype(a.dtype), 3e-2)
-            check(a.astype(jnp.float32), b.astype(jnp.float32), t)
     loss = lambda x, r, g: sum(jnp.sum(v.astype(jnp.float32)) for v in jrn.add_rms_norm(x, r, g))
     for a, b in zip(jax.grad(loss, (0, 1, 2))(x, r, g), jax.grad(loss, (0, 1, 2))(*on_cpu(x, r, g))):
         check(a, b, tol)
@@ -115,6 +139,7 @@ def main():
             check(y, yc, 3e-2)
             for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
                 check(a, b, 3e-2)
+        compare(fp8_outputs(h), x, dy, g, 3e-2)
         print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")
 

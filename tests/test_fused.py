@@ -222,6 +222,59 @@ def test_fp8_current(kind, dtype, shape, fmt, platform):
     assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
 
 
+def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None, group=None):
+    """q and its statistic (amax, scale_inv, row or group scales) against the float64 reference."""
+    y = _ref_y(kind, x, gamma, beta)
+    m = FP8_MAX[np.dtype(fmt)]
+    q, stat = outs[0], f64(outs[1])
+    if quant == "tensor":
+        np.testing.assert_allclose(stat, np.abs(y).max(), rtol=2e-5, err_msg=what + " amax")
+        assert_fp8_close(q, np.clip(y * scale, -m, m), fmt, what + " q", y_error(y) * scale)
+        return
+    if quant == "current":
+        s = ref_scales(np.abs(y).max(), fmt)
+    elif quant == "row":
+        s = ref_scales(np.abs(y).max(-1), fmt)[..., None]
+    else:
+        s = ref_scales(np.abs(y.reshape(y.shape[:-1] + (-1, group))).max(-1), fmt).repeat(group, -1)
+        stat = stat.repeat(group, -1)
+    np.testing.assert_allclose(stat if quant != "row" else stat[..., None], s, rtol=2e-5, err_msg=what + " scales")
+    assert_fp8_close(q, np.clip(y / s, -m, m), fmt, what + " q", y_error(y) / s)
+
+
+# More rows than the GPU's persistent slots: the FP8 forward walks several
+# rows per slot through every stage of its shared-memory ring, and under vmap
+# a slot's rows cross from one tensor (one amax) to the next.
+@pytest.mark.parametrize("shape", [(3000, 4096), (300, 65536)], ids=sid)
+@pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_many_rows(kind, quant, shape, platform):
+    key = hash(("many", kind, quant, shape)) % 1000
+    x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    kw = dict(group_size=128) if quant == "group" else {}
+    f = _fp8_fn(kind, quant, out_dtype=E4M3, **kw)
+    scale = np.float32(37.5)
+    poison(platform, 8 * x.size + 1024)
+    outs = jax.jit(f)(x_, g_, b_, **(dict(scale=scale) if quant == "tensor" else {}))
+    what = f"{kind} {shape} {quant}"
+    _check_fp8_outputs(kind, quant, x, gamma, beta, outs, E4M3, what, scale=scale, group=128)
+    if quant in ("tensor", "current"):  # three tensors of 1000 rows, one amax / scale each
+        n = 1000 * 4096 // shape[-1]
+        xs = random(key + 1, (3, n, shape[-1]), jnp.bfloat16, scale=2.0) * jnp.array([0.5, 4.0, 1.0])[:, None, None]
+        xs = xs.astype(jnp.bfloat16)
+        scales = np.array([300.0, 20.0, 90.0], np.float32)
+        if quant == "tensor":
+            got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
+        else:
+            got = jax.jit(jax.vmap(lambda x: f(x, g_, b_)))(put(platform, xs)[0])
+        for i in range(3):
+            _check_fp8_outputs(kind, quant, np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
+                               f"{what} vmapped tensor {i}", scale=scales[i])
+
+
 GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
                (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800))]
 

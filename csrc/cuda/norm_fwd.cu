@@ -5,13 +5,15 @@
 //    per thread): several rows per CTA, one CTA per row, or, for wide rows,
 //    one thread block cluster per row (each CTA holds a slice; the row sums
 //    are combined through distributed shared memory).
-//  * fwd_slices: the plain norm's rows too wide for one CTA (sm_90+):
-//    persistent clusters walk the rows, each CTA's slice of the next row
+//  * fwd_slices (sm_90+): the plain norm's rows too wide for one CTA, and the
+//    FP8 outputs' rows from 1024 columns (bf16): persistent CTAs (clusters
+//    for wide rows) walk the rows, each CTA's slice of the next row
 //    bulk-copied into shared memory while the current one is normalized.
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //
-// fwd_regs and fwd_stream take the fused variants (norm_fused.h): with XQ, x is FP8 with a scale
+// fwd_regs and fwd_stream take the fused variants (norm_fused.h; fwd_slices
+// the FP8 outputs without a residual): with XQ, x is FP8 with a scale
 // per group of columns, dequantized as it is loaded; with a residual, the row is
 // h = x + residual (stored, then normalized as stored); with Q != kNone, y is
 // written as FP8: times the given per-tensor scale (max |y| atomically merged
@@ -393,8 +395,9 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
 }
 
-// Plain forward of rows too wide for one CTA (sm_90+, 16-byte packs): like
-// bwd_slices, persistent slots of `cluster` CTAs walk the rows; each CTA's
+// Forward of rows too wide for one CTA, and of FP8 outputs (sm_90+, 16-byte
+// packs, no residual): like bwd_slices, persistent slots of `cluster` CTAs
+// walk the rows; each CTA's
 // slice of x (contiguous) arrives by bulk copy in one of two shared-memory
 // stages while the previous row is normalized from the other. The stage is
 // refilled right after the row reduction (its barrier orders the previous
@@ -404,11 +407,14 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
 // 218 us here). LayerNorm takes both sums in one pass around a shift (the
-// row's first element), as fwd_stream does: one reduction a row.
+// row's first element), as fwd_stream does: one reduction a row. The FP8
+// outputs read y's inputs from the stage again for each pass they need (the
+// row's max, then the quantized store) instead of holding y in registers,
+// and per-tensor amax is merged once per CTA and tensor, not once per row.
 constexpr int kSliceItems = 4;  // packs per thread and row in fwd_slices
 constexpr int kSliceThreads = 512;
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
@@ -416,6 +422,7 @@ __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t u
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][kSums];
+  __shared__ float xmax[2][1];  // the row maxima's own exchange slots (kRow)
   __shared__ alignas(8) uint64_t landed[2];
   const int64_t H = a.shape.hidden, rows = a.shape.rows;
   const int rank = static_cast<int>(blockIdx.x % cluster);
@@ -438,6 +445,18 @@ __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t u
     const Vec p = reinterpret_cast<const Vec*>(stages + st * packs)[i * blockDim.x + threadIdx.x];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = to_float(p.v[j]);
+  };
+  // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
+  // walked so far, merged into amax (one atomic per CTA) when the CTA moves
+  // on to another tensor's rows and at the end. Uniform over the CTA.
+  const int64_t rows_per_tensor = Q == Quant::kTensor ? rows / a.tensors : 1;
+  int64_t tensor = -1;
+  float tensor_max = 0.f, tensor_scale = 0.f;
+  auto merge_tensor_max = [&]() {
+    if (a.amax == nullptr || tensor < 0) return;
+    float mm[1] = {tensor_max};
+    row_sum<1>(mm, smem, AbsMaxOp{});
+    if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
   prefetch(slot, 0);
@@ -468,13 +487,82 @@ __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t u
     const int64_t poff = (row / a.shape.rows_per_group()) * H;
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
     const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-#pragma unroll
-    for (int i = 0; i < kSliceItems; ++i) {
+    // y of pack i (zeros past the row's end).
+    auto normalized = [&](int i, float (&v)[VEC]) {
       if (in[i]) {
-        float v[VEC];
         read(st, i, v);
         scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
-        store_pack<VEC>(static_cast<T*>(a.y) + row * H + first + local(i), v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = 0.f;
+      }
+    };
+    const int64_t out = row * H + first;
+    if constexpr (Q == Quant::kNone) {
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        if (in[i]) {
+          float v[VEC];
+          normalized(i, v);
+          store_pack<VEC>(static_cast<T*>(a.y) + out + local(i), v);
+        }
+      }
+    } else if constexpr (Q == Quant::kTensor) {
+      if (row / rows_per_tensor != tensor) {
+        merge_tensor_max();
+        tensor = row / rows_per_tensor;
+        tensor_max = 0.f;
+        if (!a.no_output) tensor_scale = a.scale_inverted ? 1.f / a.scale[tensor] : a.scale[tensor];
+      }
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        float v[VEC];
+        normalized(i, v);
+        if (in[i] && !a.no_output) store_q<VEC>(a, out + local(i), v, tensor_scale);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) tensor_max = abs_max(tensor_max, fabsf(v[j]));
+      }
+    } else if constexpr (Q == Quant::kRow) {
+      // y twice from the stage: once for the row's max, once to quantize.
+      float mm[1] = {0.f};
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        float v[VEC];
+        normalized(i, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) mm[0] = abs_max(mm[0], fabsf(v[j]));
+      }
+      row_sum<1>(mm, smem, AbsMaxOp{});
+      if (cluster > 1) cluster_sum<1>(mm, xmax, st, AbsMaxOp{});
+      const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+      const float inv = 1.f / scale;
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        if (in[i]) {
+          float v[VEC];
+          normalized(i, v);
+          store_q<VEC>(a, out + local(i), v, inv);
+        }
+      }
+      if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
+    } else if constexpr (Q == Quant::kGroup) {
+      // A group is `lanes` consecutive threads (a power of two of at most 32,
+      // and a CTA's slice a whole number of groups): its max by shuffles.
+      const int lanes = static_cast<int>(a.group_size / VEC);
+      const int group = static_cast<int>(a.group_size);
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        float v[VEC];
+        normalized(i, v);
+        float gm = 0.f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[j]));
+        for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+        if (in[i]) {
+          const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+          store_q<VEC>(a, out + local(i), v, 1.f / scale);
+          if (threadIdx.x % lanes == 0) a.qscale[row * (H / group) + (first + local(i)) / group] = scale;
+        }
       }
     }
     if (threadIdx.x == 0 && rank == 0) {
@@ -482,6 +570,7 @@ __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t u
       if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     }
   }
+  if constexpr (Q == Quant::kTensor) merge_tensor_max();
   if (cluster > 1) cluster_done();
 }
 
@@ -563,6 +652,43 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
   }
 }
 
+constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
+// The FP8 outputs take fwd_slices from rows of this many packs (CTAs of at
+// least a warp, so that groups can be taken by shuffles).
+constexpr int64_t kSliceMinVecs = 32 * kSliceItems;
+
+// Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
+// residual or given statistics, on sm_90+; rows wider than one CTA of
+// fwd_regs for the plain norm, from kSliceMinVecs packs for FP8 outputs.
+template <Quant Q, class T, int VEC, bool XQ>
+bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
+  if constexpr (XQ || sizeof(T) * VEC != 16) {
+    return false;
+  } else {
+    constexpr int64_t kCtaVecs = static_cast<int64_t>(kMaxRowThreads) * kRegItems;
+    const int64_t min_vecs = Q == Quant::kNone ? kCtaVecs + 1 : kSliceMinVecs;
+    return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
+           has_clusters();
+  }
+}
+
+template <NormKind K, Quant Q, class T, class P, int VEC>
+ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
+  if constexpr (sizeof(T) * VEC != 16) {
+    return ffi::Error::Internal("jax_rmsnorm: fwd_slices needs 16-byte packs");
+  } else {
+    const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
+    const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
+    const size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
+    auto kernel = fwd_slices<K, Q, T, P, VEC>;
+    int resident = 0;
+    JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
+    const int64_t used = std::max<int64_t>(1, std::min<int64_t>(a.shape.rows, resident));
+    return launch_clustered(kernel, dim3(static_cast<unsigned>(used * cluster)), dim3(tpr), smem, stream, cluster,
+                            "fwd_slices", a, used, cluster);
+  }
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
@@ -576,7 +702,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   }
   constexpr int64_t kCtaVecs =
       static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
-  if (regs_ok && nvec <= kCtaVecs) {
+  if (regs_ok && nvec <= kCtaVecs && !slices_fit<Q, T, VEC, XQ>(a, nvec, regs_ok)) {
     const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
@@ -584,21 +710,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     fwd_regs<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
-  // The plain norm's wide rows: persistent slots walking rows (fwd_slices).
-  constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
-  if constexpr (Q == Quant::kNone && !XQ && sizeof(T) * VEC == 16) {
-    if (!a.residual && !a.given_stats && nvec > kCtaVecs && nvec <= kSliceVecs * kMaxCluster && has_clusters()) {
-      const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
-      const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
-      const size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
-      auto kernel = fwd_slices<K, T, P, VEC>;
-      int resident = 0;
-      JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
-      const int64_t used = std::max<int64_t>(1, std::min<int64_t>(a.shape.rows, resident));
-      return launch_clustered(kernel, dim3(static_cast<unsigned>(used * cluster)), dim3(tpr), smem, stream, cluster,
-                              "fwd_slices", a, used, cluster);
-    }
-  }
+  // Persistent slots walking rows (fwd_slices): the plain norm's rows too
+  // wide for one CTA, and every FP8 output's rows from kSliceMinVecs packs.
+  if (slices_fit<Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
