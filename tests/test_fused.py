@@ -456,12 +456,15 @@ def test_fp8_grad_straight_through(kind, dtype, quant, platform):
         assert_close(gv, wv, dtype, f"{kind} {quant} {dname(dtype)} grad {n}",
                      scale=max(1.0, np.abs(wv).max(), np.sqrt(6) if n >= 2 else 1.0))
 
-    # Without a residual: the same gradient as the plain norm with q's cotangent.
+    # Without a residual: the plain norm's gradient with q's cotangent (up to
+    # rounding: on a GPU the FP8 kernel's row statistics are summed in another
+    # order than the plain kernel's).
     g1 = jax.grad(lambda x, g: jnp.sum(fn(x, g, args[3])[0].astype(jnp.float32) * w), (0, 1))(args[0], args[2])
     plain = (lambda x, g: jrn.rms_norm(x, g)) if kind == "rms" else (lambda x, g: jrn.layer_norm(x, g, args[3]))
     g2 = jax.grad(lambda x, g: jnp.sum(plain(x, g).astype(jnp.float32) * w), (0, 1))(args[0], args[2])
-    for a, b in zip(g1, g2):
-        np.testing.assert_array_equal(f64(a), f64(b))
+    for n, (a, b) in enumerate(zip(g1, g2)):
+        assert_close(a, f64(b), dtype, f"{kind} {quant} {dname(dtype)} grad {n} without residual",
+                     scale=max(1.0, np.abs(f64(b)).max()))
 
 
 # ---------------------------------------------------------------------------

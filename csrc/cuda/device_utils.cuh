@@ -261,11 +261,16 @@ __device__ __forceinline__ void load_fp8(const uint8_t* p, Fp8 fmt, float (&f)[N
 __device__ __forceinline__ float abs_max(float a, float b) {
   return __int_as_float(max(__float_as_int(a), __float_as_int(b)));
 }
+// Reduction operators, applied to value m of the M reduced at once.
 struct SumOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  __device__ __forceinline__ float operator()(int, float a, float b) const { return a + b; }
 };
 struct AbsMaxOp {
-  __device__ __forceinline__ float operator()(float a, float b) const { return abs_max(a, b); }
+  __device__ __forceinline__ float operator()(int, float a, float b) const { return abs_max(a, b); }
+};
+// Value 0 summed, value 1 a maximum of absolute values (one reduction for both).
+struct SumAbsMaxOp {
+  __device__ __forceinline__ float operator()(int m, float a, float b) const { return m == 0 ? a + b : abs_max(a, b); }
 };
 
 // *p = abs_max(*p, v) for a non-negative v; *p must start non-negative
@@ -425,7 +430,7 @@ __device__ __forceinline__ void warp_sum(float (&v)[M], int width, Op op = {}) {
   for (int off = 16; off > 0; off >>= 1) {
     if (off < width) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) v[m] = op(v[m], __shfl_xor_sync(0xffffffffu, v[m], off));
+      for (int m = 0; m < M; ++m) v[m] = op(m, v[m], __shfl_xor_sync(0xffffffffu, v[m], off));
     }
   }
 }
@@ -446,7 +451,7 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float s = mine[m];
-    for (int w = 1; w < warps; ++w) s = op(s, mine[w * M + m]);  // same order in every thread
+    for (int w = 1; w < warps; ++w) s = op(m, s, mine[w * M + m]);  // same order in every thread
     v[m] = s;
   }
   __syncthreads();  // smem may be reused right after
