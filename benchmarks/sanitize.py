@@ -28,8 +28,9 @@ def check(a, b, tol):
 
 
 def fp8_outputs(h):
-    """FP8 outputs without a residual (fwd_slices from 128 packs a row), per
-    tensor (also two tensors under vmap), current, per row, per group."""
+    """FP8 outputs without a residual (fwd_slices: per tensor from 512 packs a
+    row, all of them for rows wider than one CTA): per tensor (also two
+    tensors under vmap), current, per row, per group."""
     calls = [
         lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jax.vmap(lambda x: jrn.rms_norm_fp8(x, g, scale=20.0))(x.reshape(2, -1, h))

@@ -5,15 +5,15 @@
 //    per thread): several rows per CTA, one CTA per row, or, for wide rows,
 //    one thread block cluster per row (each CTA holds a slice; the row sums
 //    are combined through distributed shared memory).
-//  * fwd_slices (sm_90+): the plain norm's rows too wide for one CTA, and the
-//    FP8 outputs' rows from 1024 columns (bf16): persistent CTAs (clusters
-//    for wide rows) walk the rows, each CTA's slice of the next row
+//  * fwd_slices (sm_90+): rows too wide for one CTA, and per-tensor FP8
+//    output from 4096 columns (bf16): persistent CTAs (clusters for wide
+//    rows) walk the rows, each CTA's slice of the next row
 //    bulk-copied into shared memory while the current one is normalized.
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //
 // fwd_regs and fwd_stream take the fused variants (norm_fused.h; fwd_slices
-// the FP8 outputs without a residual): with XQ, x is FP8 with a scale
+// also the FP8 outputs without a residual): with XQ, x is FP8 with a scale
 // per group of columns, dequantized as it is loaded; with a residual, the row is
 // h = x + residual (stored, then normalized as stored); with Q != kNone, y is
 // written as FP8: times the given per-tensor scale (max |y| atomically merged
@@ -669,17 +669,18 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
 
 constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
 // Per-tensor FP8 output takes fwd_slices from rows of this many packs (CTAs
-// of at least a warp).
-constexpr int64_t kSliceMinVecs = 32 * kSliceItems;
+// of 128 threads; with 32-thread CTAs, at hidden 1024 bf16, it was slower
+// than fwd_regs).
+constexpr int64_t kSliceMinVecs = 128 * kSliceItems;
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
-// scaling) and RMSNorm's per-row FP8 from kSliceMinVecs packs a row,
-// otherwise rows wider than one CTA of fwd_regs. Measured on an H100, bf16,
-// fwd_slices against fwd_regs: per-tensor 168.8 / 197.1 us at 32768x4096 and
-// 160.1 / 209.4 at 8192x16384; per row, with the row's max in a second
-// reduction, 201.6 / 176.3 and 201.4 / 193.8; per group 252.9 / 239.2 and
-// 241.7 / 252.8.
+// scaling) from kSliceMinVecs packs a row, otherwise rows wider than one CTA
+// of fwd_regs. Measured on an H100, bf16, fwd_slices against fwd_regs:
+// per-tensor 165.7 / 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384
+// (263.8 us at 131072x1024 with 32-thread CTAs); per row 184.3 / 176.3 and
+// 198.3 / 193.8 (fwd_slices: 233.1 us at 2048x65536, 315.9 with the row's
+// max in a reduction of its own); per group 252.9 / 239.2 and 241.7 / 252.8.
 template <NormKind K, Quant Q, class T, int VEC, bool XQ>
 bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   if constexpr (XQ || sizeof(T) * VEC != 16) {
@@ -687,8 +688,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs =
         static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
-    constexpr bool kNarrow = Q == Quant::kTensor || (Q == Quant::kRow && K == NormKind::kRms);
-    const int64_t min_vecs = kNarrow ? kSliceMinVecs : kCtaVecs + 1;
+    const int64_t min_vecs = Q == Quant::kTensor ? kSliceMinVecs : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
   }
@@ -733,7 +733,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     return check_launch("fwd_regs");
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
-  // wide for one CTA, and every FP8 output's rows from kSliceMinVecs packs.
+  // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
   if (slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
