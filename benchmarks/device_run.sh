@@ -29,7 +29,7 @@ for step in "$@"; do
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
     sanitize)
       for tool in memcheck racecheck; do
-        XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 240 compute-sanitizer --tool $tool \
+        XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 450 compute-sanitizer --tool $tool \
           python3 benchmarks/sanitize.py > "$OUT/sanitize_$tool.log" 2>&1
         echo "$tool exit $?"; tail -4 "$OUT/sanitize_$tool.log"
       done ;;

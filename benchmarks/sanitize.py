@@ -28,7 +28,7 @@ def check(a, b, tol):
 
 
 def fp8_outputs(h):
-    """FP8 outputs without a residual (fwd_slices: per tensor from 512 packs a
+    """FP8 outputs without a residual (fwd_slices: per tensor from 256 packs a
     row, all of them for rows wider than one CTA): per tensor (also two
     tensors under vmap), current, per row, per group."""
     calls = [
