@@ -287,6 +287,13 @@ __device__ __forceinline__ void atomic_abs_max(float* p, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define JRN_NO_CLUSTERS 1
 #endif
+// The body of such a helper: compiled from sm_90 on, a trap before (bodies
+// with preprocessor lines, such as #pragma, keep an #ifdef instead).
+#ifdef JRN_NO_CLUSTERS
+#define JRN_SM90(...) __trap()
+#else
+#define JRN_SM90(...) __VA_ARGS__
+#endif
 
 // ---- Bulk copies global -> shared (the tensor memory accelerator, sm_90+):
 // one thread moves a contiguous run of bytes (a multiple of 16, both ends
@@ -299,55 +306,32 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
 // Initializes `bar` for one arriving thread, visible to the copy engine once
 // the CTA has synchronized.
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
+  JRN_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+           asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 // Arms `bar` for `bytes` and starts copying them from `src` (global) to `dst` (shared).
 __device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-#endif
+  JRN_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+                        "r"(bytes) : "memory"));
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-#endif
+  JRN_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                        ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory"));
 }
 // Orders this thread's earlier shared-memory accesses (and, after a barrier,
 // the CTA's) before later bulk copies into the same bytes.
 __device__ __forceinline__ void fence_async_smem() {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
+  JRN_SM90(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
 // Waits for the phase of `bar` with the given parity to complete.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  unsigned done = 0;
-  do {
+  JRN_SM90(unsigned done = 0; do {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
-  } while (!done);
-#endif
+  } while (!done));
 }
 
 // Two shared-memory stages filled by bulk copies, for kernels that walk rows:
@@ -492,11 +476,7 @@ __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int
 }
 
 __device__ __forceinline__ void cluster_done() {
-#ifdef JRN_NO_CLUSTERS
-  __trap();
-#else
-  cooperative_groups::this_cluster().sync();
-#endif
+  JRN_SM90(cooperative_groups::this_cluster().sync());
 }
 
 // Whether the current device runs thread block clusters (compute capability
