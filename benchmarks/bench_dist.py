@@ -111,7 +111,7 @@ def main():
                 errs = [rel_err(a, b) for a, b in zip(got, ref)]
                 if max(errs) > 2e-2:
                     raise SystemExit(f"{layout} {part} {name}: results differ from the unsharded ones: {errs}")
-                times[name] = bench(fn, arg_sets, args.iters, args.reps)
+                times[name] = bench(fn, arg_sets, args.iters, args.reps, one_program=False)
             print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
                   f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
 
@@ -138,7 +138,7 @@ def main():
     print("\n| kernel | µs | TB/s |")
     print("|---|---|---|")
     for name, (fn, a, passes) in pieces.items():
-        t = bench(fn, [a], args.iters, args.reps)
+        t = bench(fn, [a], args.iters, args.reps, one_program=False)
         print(f"| {name} | {t * 1e6:.1f} | {passes * xl.nbytes / t / 1e12:.2f} |")
 
     # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
@@ -169,8 +169,8 @@ def main():
             ref = out
         elif rel_err(out, ref) > 2e-2:
             raise SystemExit(f"{name} differs from all_reduce_rms_norm")
-        t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps)
-        t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps)
+        t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
+        t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
         print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} |")
 
 

@@ -30,7 +30,10 @@ constexpr int kRegItems = 2;  // packs per thread in bwd_regs
 constexpr int kRegThreads = 512;
 constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;
-constexpr int kReduceCols = 32, kReduceSplit = 16;
+// bwd_reduce: 32 lanes x kReduceSplit threads a CTA, kReduceUnroll loads in
+// flight per thread, parts of kReduceRows slots in the first of two passes.
+constexpr int kReduceLanes = 32, kReduceSplit = 8, kReduceUnroll = 4;
+constexpr int64_t kReduceRows = kReduceSplit * kReduceUnroll;
 constexpr int kSliceItems = 4;  // packs per thread in bwd_slices
 constexpr int kSliceThreads = 512;
 constexpr int kMaxCluster = 16;
@@ -338,29 +341,94 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
   }
 }
 
-// dgamma/dbeta[g, col] = sum over slots, in slot order within each of
-// kReduceSplit strided partial sums, then those added in a fixed tree.
-template <class P>
-__global__ void __launch_bounds__(kReduceCols* kReduceSplit) bwd_reduce(BwdArgs a, SlotLayout l) {
-  __shared__ float part[kReduceSplit][kReduceCols + 1];
+// dgamma/dbeta[g, col] = sum over the slots' partial rows, in a fixed order.
+// One launch sums, for every column, the `n` rows first, first + step, ...,
+// first + (n - 1) * step of each part (part p starts at slot p * part_rows):
+// the first launch sums the slots in parts of kReduceRows rows and leaves each
+// part's sum in the part's first row (in place: a CTA reads and writes only
+// its own part and columns), the second adds those; with few slots one launch
+// sums them all straight into dgamma/dbeta. Each thread loads its rows'
+// CV-column packs all at once (a part is one round trip to memory, not one
+// per row), then the threads of a column are added in a fixed tree.
+struct ReduceStep {
+  int64_t part_rows;  // the slot distance between parts (gridDim.z / outputs parts)
+  int64_t step;       // the slot distance between the rows a part sums
+  int64_t n;          // rows per part (the last part may have fewer)
+  int64_t total;      // slots in use: rows at or past it are absent
+  bool final;         // write dgamma/dbeta, not the part's first row
+};
+
+template <class P, int CV>
+__global__ void __launch_bounds__(kReduceLanes* kReduceSplit) bwd_reduce(BwdArgs a, SlotLayout l, ReduceStep s) {
+  __shared__ float part[kReduceSplit][CV][kReduceLanes + 1];
   const int64_t H = a.shape.hidden;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kReduceCols + threadIdx.x;
-  const int out = blockIdx.z;
-  float s = 0.f;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kReduceLanes + threadIdx.x) * CV;
+  const int outs = a.param_outputs();
+  const int out = static_cast<int>(blockIdx.z % outs);
+  const int64_t first = static_cast<int64_t>(blockIdx.z / outs) * s.part_rows;
+  float sum[CV] = {};
   if (col < H) {
-    for (int64_t slot = threadIdx.y; slot < l.used; slot += kReduceSplit) s += slot_row(a, l, slot, out)[col];
+    for (int64_t k0 = 0; k0 < s.n; k0 += kReduceSplit * kReduceUnroll) {
+      float v[kReduceUnroll][CV];
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const int64_t k = k0 + u * kReduceSplit + threadIdx.y, slot = first + k * s.step;
+        if (k < s.n && slot < s.total) {
+          load_pack<CV>(slot_row(a, l, slot, out) + col, v[u]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < CV; ++j) v[u][j] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+#pragma unroll
+        for (int j = 0; j < CV; ++j) sum[j] += v[u][j];
+      }
+    }
   }
-  part[threadIdx.y][threadIdx.x] = s;
+#pragma unroll
+  for (int j = 0; j < CV; ++j) part[threadIdx.y][j][threadIdx.x] = sum[j];
   __syncthreads();
 #pragma unroll
-  for (int step = kReduceSplit / 2; step > 0; step >>= 1) {
-    if (threadIdx.y < step) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + step][threadIdx.x];
+  for (int half = kReduceSplit / 2; half > 0; half >>= 1) {
+    if (threadIdx.y < half) {
+#pragma unroll
+      for (int j = 0; j < CV; ++j) part[threadIdx.y][j][threadIdx.x] += part[threadIdx.y + half][j][threadIdx.x];
+    }
     __syncthreads();
   }
-  if (threadIdx.y == 0 && col < H) {
-    void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
-    static_cast<P*>(dst)[blockIdx.y * H + col] = from_float<P>(part[0][threadIdx.x]);
+  if (threadIdx.y != 0 || col >= H) return;
+  float total[CV];
+#pragma unroll
+  for (int j = 0; j < CV; ++j) total[j] = part[0][j][threadIdx.x];
+  if (!s.final) {
+    store_pack<CV>(slot_row(a, l, first, out) + col, total);
+    return;
   }
+  void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
+  store_pack<CV>(static_cast<P*>(dst) + blockIdx.y * H + col, total);
+}
+
+// Adds the slots' partial rows into dgamma/dbeta (one or two launches).
+template <class P, int CV>
+ffi::Error reduce_slots(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
+  const unsigned tiles = static_cast<unsigned>((a.shape.hidden + kReduceLanes * CV - 1) / (kReduceLanes * CV));
+  const unsigned groups = static_cast<unsigned>(a.shape.groups), outs = static_cast<unsigned>(a.param_outputs());
+  const dim3 block(kReduceLanes, kReduceSplit);
+  int64_t rows = l.used;
+  if (rows > kReduceRows) {  // first pass: parts of kReduceRows slots
+    const int64_t parts = (rows + kReduceRows - 1) / kReduceRows;
+    if (parts * outs > 65535) return ffi::Error::Internal("jax_rmsnorm: too many backward slots");
+    bwd_reduce<P, CV><<<dim3(tiles, groups, static_cast<unsigned>(parts * outs)), block, 0, stream>>>(
+        a, l, ReduceStep{kReduceRows, 1, kReduceRows, l.used, false});
+    JRN_RETURN_IF_ERROR(check_launch("bwd_reduce"));
+    bwd_reduce<P, CV><<<dim3(tiles, groups, outs), block, 0, stream>>>(
+        a, l, ReduceStep{0, kReduceRows, parts, l.used, true});
+  } else {
+    bwd_reduce<P, CV><<<dim3(tiles, groups, outs), block, 0, stream>>>(a, l, ReduceStep{0, 1, rows, l.used, true});
+  }
+  return check_launch("bwd_reduce");
 }
 
 // bwd_slices moves 16-byte packs; rows of up to kRegVecs packs go to bwd_regs.
@@ -414,10 +482,9 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
     JRN_RETURN_IF_ERROR(check_launch("bwd_stream"));
   }
   if (!a.workspace || a.param_outputs() == 0) return ffi::Error::Success();
-  const dim3 grid(static_cast<unsigned>((a.shape.hidden + kReduceCols - 1) / kReduceCols),
-                  static_cast<unsigned>(a.shape.groups), static_cast<unsigned>(a.param_outputs()));
-  bwd_reduce<P><<<grid, dim3(kReduceCols, kReduceSplit), 0, stream>>>(a, l);
-  return check_launch("bwd_reduce");
+  const bool aligned = a.shape.hidden % 4 == 0 && aligned16(a.workspace) && (!a.dgamma || aligned16(a.dgamma)) &&
+                       (!a.dbeta || aligned16(a.dbeta));
+  return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
 }
 
 }  // namespace
