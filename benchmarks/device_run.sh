@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-fp8in|bench-extra|dist|sanitize]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-fp8in|bench-extra|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -27,11 +27,14 @@ for step in "$@"; do
         python3 benchmarks/bench_norm.py --zero-centered --hidden 4096 16384 --ops rms_fwd rms_bwd
         python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
-    sanitize)
-      for tool in memcheck racecheck; do
-        XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 450 compute-sanitizer --tool $tool \
-          python3 benchmarks/sanitize.py > "$OUT/sanitize_$tool.log" 2>&1
-        echo "$tool exit $?"; tail -4 "$OUT/sanitize_$tool.log"
+    sanitize|memcheck|racecheck)  # one process per shape (see benchmarks/sanitize.py)
+      tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
+      for tool in $tools; do
+        for shape in $(python3 benchmarks/sanitize.py --list); do
+          XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+            python3 benchmarks/sanitize.py "$shape" > "$OUT/${tool}_$shape.log" 2>&1
+          echo "$tool $shape exit $? $(grep -h 'SUMMARY' "$OUT/${tool}_$shape.log")"
+        done
       done ;;
   esac
 done

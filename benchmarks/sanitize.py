@@ -3,7 +3,13 @@ compute-sanitizer (memcheck, racecheck). Run with the platform allocator so
 each buffer is its own allocation and out-of-bounds accesses are caught:
 
     XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck python benchmarks/sanitize.py
+
+Arguments such as `2x40001 240x65536` run those shapes of the two lists below
+alone; `--list` prints them all. benchmarks/device_run.sh runs each shape in its
+own process: compute-sanitizer (CUDA 13) itself crashed (SIGSEGV, no report) after
+several hundred kernels in one process, at a different shape each time.
 """
+import sys
 
 import numpy as np
 import jax
@@ -90,6 +96,11 @@ def fused(x, r, g, tol):
 
 def main():
     assert jax.devices()[0].platform == "gpu", "needs a GPU"
+    if sys.argv[1:]:
+        chosen = {tuple(int(v) for v in a.split("x")) for a in sys.argv[1:]}
+        assert chosen <= set(SHAPES + MANY_ROWS), f"unknown shapes {chosen - set(SHAPES + MANY_ROWS)}"
+        SHAPES[:] = [s for s in SHAPES if s in chosen]
+        MANY_ROWS[:] = [s for s in MANY_ROWS if s in chosen]
     for m, h in SHAPES:
         for dt in (jnp.bfloat16, jnp.float32):
             k = jax.random.split(jax.random.key(m + h), 3)
@@ -146,4 +157,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--list"]:
+        print(" ".join(f"{m}x{h}" for m, h in SHAPES + MANY_ROWS))
+    else:
+        main()
