@@ -135,6 +135,52 @@ def test_check_grads_float32_cpu():
                     order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
+def _check_layer_stats(x, platform):
+    """LayerNorm forward of float32 rows x against float64: rstd to 2e-4
+    relative, y within float32 rounding of x - mean (ulp(3000) = 2.4e-4)."""
+    hidden = x.shape[-1]
+    gamma = random(hidden + 1, (hidden,), jnp.float32, scale=0.5, offset=1.0)
+    beta = random(hidden + 2, (hidden,), jnp.float32, scale=0.5)
+    xd, g, b = put(platform, jnp.asarray(x), gamma, beta)
+    poison(platform, 4 * x.size + 1024)
+    y, mean, rstd = jax.jit(lambda x, g, b: jrn.layer_norm_fwd(x, g, b, eps=1e-5))(xd, g, b)
+    y_ref, mean_ref, rstd_ref = ref_forward("layer", x, gamma, beta, 1e-5)
+    assert np.isfinite(f64(rstd)).all() and np.allclose(f64(rstd), rstd_ref, rtol=2e-4, atol=0), (f64(rstd), rstd_ref)
+    assert_close(mean, mean_ref, jnp.float32, "mean", scale=3000.0)
+    assert_close(y, y_ref, jnp.float32, "y", scale=50.0)
+
+
+# Hidden sizes of every forward kernel family: rows in registers (1000-12288),
+# streamed (40001), staged slices on one SM or across a cluster (65536, 262144).
+STATS_HIDDEN = [1000, 4096, 12288, 40001, 65536, 262144]
+
+
+@pytest.mark.parametrize("hidden", STATS_HIDDEN)
+def test_layer_norm_statistics_far_from_zero(hidden, platform):
+    """Rows a variance taken as E[x^2] - E[x]^2 gets wrong in float32: a large
+    common offset, an outlier inside the row, a tiny spread around a large mean."""
+    x = np.array(random(hidden, (3, hidden), jnp.float32))
+    x[0] += 1000.0
+    x[1, hidden // 2] = -3000.0
+    x[2] = 5.0 + 1e-3 * x[2]
+    _check_layer_stats(x, platform)
+
+
+@pytest.mark.parametrize("hidden", STATS_HIDDEN)
+def test_layer_norm_outlier_in_first_column(hidden, platform):
+    """An outlier in column 0 (3000 among N(0, 1)). Known limitation: on the GPU,
+    rows wider than one CTA's registers (fwd_stream, fwd_slices) take both sums
+    in one pass around the row's first element, which then cancels in float32
+    (measured on an H100: rstd off by 0.2% at 40001 and 65536, 4% at 262144;
+    1e-8 at 12288). A one-reduction fix (per-pack mean/M2 merges) was 1.4-1.6x
+    slower there; see benchmarks/RESULTS.md."""
+    if platform == "gpu" and hidden > 12288:
+        pytest.skip("known limitation: wide-row GPU LayerNorm sums around the first element")
+    x = np.array(random(hidden + 3, (2, hidden), jnp.float32))
+    x[:, 0] = 3000.0
+    _check_layer_stats(x, platform)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_nan_stays_in_its_row(kind, platform):
     x = np.array(random(8, (4, 64), jnp.float32))
