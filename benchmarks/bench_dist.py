@@ -15,6 +15,7 @@ and forward+backward.
 
     python benchmarks/bench_dist.py                    # all devices, rows 32768, hidden 8192
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
+    python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
 """
 
 from __future__ import annotations
@@ -55,6 +56,56 @@ def jnp_rms_bwd(dy, x, rstd, g):
     return dx.astype(x.dtype), dg.astype(g.dtype)
 
 
+def pieces(xl, dyl, gl, H, args):
+    """What one device runs for the hidden layout, kernel by kernel, on its
+    (rows, H / devices) slice, against XLA's fusion of the same jnp step and a
+    copy of the slice, all measured here on one device."""
+    from jax_rmsnorm import _api, _primitives  # the two backward kernels of the hidden layout
+    eps = 1e-6
+    ss = jrn.rms_norm_stats(xl)
+    rstd = jax.lax.rsqrt(ss / H + eps)
+    coef = jnp.zeros(ss.shape + (2,), jnp.float32)
+    cfg = _api._Config(_primitives.RMS, eps, False)
+    f32 = lambda a: a.astype(jnp.float32)
+
+    def xla_apply(x, s, g):
+        return (f32(x) * jax.lax.rsqrt(s / H + eps)[:, None] * f32(g)).astype(x.dtype)
+
+    def xla_grad_sums(dy, x, r, g):
+        gdy = f32(dy) * f32(g)
+        return jnp.stack([jnp.sum(gdy * f32(x) * r[:, None], -1), jnp.sum(gdy, -1)], -1)
+
+    def xla_bwd_given(dy, x, r, g, c):
+        xhat = f32(x) * r[:, None]
+        dx = r[:, None] * (f32(dy) * f32(g) - xhat * c[:, :1])
+        return dx.astype(x.dtype), jnp.sum(f32(dy) * xhat, 0).astype(g.dtype)
+
+    rows = {  # name: (ours, XLA's, arguments, tensor passes)
+        "stats (read x)": (jrn.rms_norm_stats, lambda x: jnp.sum(f32(x) * f32(x), -1), (xl,), 1),
+        "apply (x -> y)": (lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=H), xla_apply, (xl, ss, gl), 2),
+        "plain fwd (x -> y)": (lambda x, g: jrn.rms_norm_fwd(x, g), jnp_rms_fwd, (xl, gl), 2),
+        "plain bwd (x, dy -> dx)": (jrn.rms_norm_bwd, jnp_rms_bwd, (dyl, xl, rstd, gl), 3),
+        "grad stats (read x, dy)": (lambda dy, x, r, g: _api._grad_sums(dy, x, None, r, g, cfg), xla_grad_sums,
+                                    (dyl, xl, rstd, gl), 2),
+        "bwd given (x, dy -> dx)": (lambda dy, x, r, g, c: _api._backward(dy, x, None, r, g, None, cfg, coef=c)[:2],
+                                    xla_bwd_given, (dyl, xl, rstd, gl, coef), 3),
+    }
+    copy_t = bench(lambda x: -x, [(xl,)], args.iters, args.reps, one_program=False)
+    print(f"\nhidden layout, one device's kernels on its {xl.shape} slice "
+          f"(copy of the slice: {copy_t * 1e6:.1f} µs, {2 * xl.nbytes / copy_t / 1e12:.2f} TB/s)")
+    print("\n| kernel | ours µs | ours TB/s | % of copy | XLA µs | ours vs XLA |")
+    print("|---|---|---|---|---|---|")
+    copy_bw = 2 * xl.nbytes / copy_t
+    for name, (ours, xla, a, passes) in rows.items():
+        ours, xla = jax.jit(ours), jax.jit(xla)
+        errs = [rel_err(u, v) for u, v in zip(jax.tree.leaves(ours(*a)), jax.tree.leaves(xla(*a)))]
+        if max(errs) > 2e-2:
+            raise SystemExit(f"{name}: ours and XLA's differ: {errs}")
+        t, tx = (bench(f, [a], args.iters, args.reps, one_program=False) for f in (ours, xla))
+        bw = passes * xl.nbytes / t
+        print(f"| {name} | {t * 1e6:.1f} | {bw / 1e12:.2f} | {100 * bw / copy_bw:.0f}% | {tx * 1e6:.1f} | {tx / t:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=32768)
@@ -63,18 +114,30 @@ def main():
     ap.add_argument("--devices", type=int, default=0, help="how many devices (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--pieces-only", action="store_true",
+                    help="only the per-device kernel table (the slice is hidden / devices wide)")
     args = ap.parse_args()
 
     devices = jax.devices()
     n = args.devices or len(devices)
+    if n > len(devices) and not args.pieces_only:
+        raise SystemExit(f"--devices {n}: only {len(devices)} visible")
     devices = devices[:n]
     M, H = args.rows, args.hidden
     dt = jnp.bfloat16
-    print(f"{n} x {devices[0].device_kind}, x = ({M}, {H}) {jnp.dtype(dt).name}, JAX {jax.__version__}")
+    if args.pieces_only:
+        print(f"{devices[0].device_kind} (one device; the slice one of {n} devices holds), "
+              f"x = ({M}, {H}) {jnp.dtype(dt).name}, JAX {jax.__version__}")
+    else:
+        print(f"{n} x {devices[0].device_kind}, x = ({M}, {H}) {jnp.dtype(dt).name}, JAX {jax.__version__}")
     keys = jax.random.split(jax.random.key(0), 6)
     xs = [jax.random.normal(k, (M, H), jnp.float32).astype(dt) for k in keys[:2]]
     dys = [jax.random.normal(k, (M, H), jnp.float32).astype(dt) for k in keys[2:4]]
     g = (1.0 + 0.1 * jax.random.normal(keys[4], (H,), jnp.float32)).astype(dt)
+
+    if args.pieces_only:
+        pieces(xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
+        return
 
     ours = step(lambda x, g: jrn.rms_norm(x, g))
     xla = step(lambda x, g: jnp_rms(x, g))
@@ -115,31 +178,7 @@ def main():
             print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
                   f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
 
-    # What one device runs for the hidden layout, kernel by kernel, on its slice.
-    Hl = H // n
-    xl, dyl = xs[0][:, :Hl], dys[0][:, :Hl]
-    gl = g[:Hl]
-    ss = jrn.rms_norm_stats(xl)
-    rstd = jax.lax.rsqrt(ss / H + 1e-6)
-    zero = jnp.zeros(ss.shape + (2,), jnp.float32)
-    pieces = {
-        "stats (read x)": (jax.jit(jrn.rms_norm_stats), (xl,), 1),
-        "apply (x -> y)": (jax.jit(lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=H)), (xl, ss, gl), 2),
-        "plain fwd (x -> y)": (jax.jit(lambda x, g: jrn.rms_norm(x, g)), (xl, gl), 2),
-    }
-    pieces["plain bwd (x, dy -> dx)"] = (jax.jit(jrn.rms_norm_bwd), (dyl, xl, rstd, gl), 3)
-    from jax_rmsnorm import _api, _primitives  # the two backward kernels of the hidden layout
-    cfg = _api._Config(_primitives.RMS, 1e-6, False)
-    pieces["grad stats (read x, dy)"] = (jax.jit(lambda dy, x, r, g: _api._grad_sums(dy, x, None, r, g, cfg)),
-                                         (dyl, xl, rstd, gl), 2)
-    pieces["bwd given (x, dy -> dx)"] = (jax.jit(lambda dy, x, r, g, c: _api._backward(dy, x, None, r, g, None, cfg, coef=c)),
-                                         (dyl, xl, rstd, gl, zero), 3)
-    print(f"\nhidden layout, one device's kernels on its ({M}, {Hl}) slice")
-    print("\n| kernel | µs | TB/s |")
-    print("|---|---|---|")
-    for name, (fn, a, passes) in pieces.items():
-        t = bench(fn, [a], args.iters, args.reps, one_program=False)
-        print(f"| {name} | {t * 1e6:.1f} | {passes * xl.nbytes / t / 1e12:.2f} |")
+    pieces(xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
 
     # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
     mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))

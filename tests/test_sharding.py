@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_rmsnorm as jrn
-from reference import TOL, f64, random, ref_forward
+from reference import TOL, f64, poison, random, ref_forward
 
 
 def _mesh(platform, data, model, axis_type=AxisType.Auto):
@@ -240,6 +240,39 @@ def test_stats_and_apply_gradients(platform, kind):
     # vmap over the building blocks
     vs = jax.vmap(jrn.rms_norm_stats)(x[None].repeat(2, 0))
     np.testing.assert_allclose(f64(vs[1]), (f64(x) ** 2).sum(-1), rtol=1e-5)
+
+
+# Enough rows for many blocks and a partial last block, and every width class
+# of the statistics kernels (threads per row from 16 to 256, one to several
+# iterations of loads per thread, unaligned widths).
+@pytest.mark.parametrize("rows,hidden,dtype", [(4099, 1000, jnp.bfloat16), (2049, 4096, jnp.bfloat16),
+                                               (257, 4096, jnp.float32), (600, 2048, jnp.float16),
+                                               (33, 16384, jnp.bfloat16), (515, 333, jnp.float32)])
+def test_stats_kernels_against_float64(platform, rows, hidden, dtype):
+    from jax_rmsnorm import _api, _primitives
+    dev = jax.devices(platform)[0]
+    x = jax.device_put(random(rows, (rows, hidden), dtype, offset=3.0), dev)
+    dy = jax.device_put(random(rows + 1, (rows, hidden), dtype), dev)
+    g = jax.device_put(random(rows + 2, (hidden,), dtype, scale=0.1, offset=1.0), dev)
+    rstd = jax.device_put(jax.random.uniform(jax.random.key(3), (rows,), jnp.float32, 0.5, 1.5), dev)
+    mean = jax.device_put(jax.random.uniform(jax.random.key(4), (rows,), jnp.float32, 2.5, 3.5), dev)
+    xf, dyf, gf, rf, mf = (f64(a) for a in (x, dy, g, rstd, mean))
+    poison(platform, 8 * rows)
+    ss = f64(jax.jit(jrn.rms_norm_stats)(x))
+    np.testing.assert_allclose(ss, (xf ** 2).sum(-1), rtol=2e-5)
+    poison(platform, 8 * rows)
+    st = f64(jax.jit(jrn.layer_norm_stats)(x))
+    np.testing.assert_allclose(st[:, 0], xf.mean(-1), rtol=2e-5)
+    np.testing.assert_allclose(st[:, 1], ((xf - xf.mean(-1, keepdims=True)) ** 2).sum(-1), rtol=1e-4)
+    for kind, m in ((_primitives.RMS, None), (_primitives.LAYER, mean)):
+        cfg = _api._Config(kind, 1e-6, False)
+        poison(platform, 8 * rows)
+        got = f64(jax.jit(lambda dy, x, m, r, g: _api._grad_sums(dy, x, m, r, g, cfg))(dy, x, m, rstd, g))
+        gdy = dyf * gf
+        sums = [(gdy * (xf - (0 if m is None else mf[:, None])) * rf[:, None]).sum(-1), gdy.sum(-1)]
+        for i, want in enumerate(sums):
+            assert np.isfinite(got[:, i]).all()
+            np.testing.assert_allclose(got[:, i], want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"{kind} sum {i}")
 
 
 def test_stats_apply_errors():
