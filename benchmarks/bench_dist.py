@@ -91,11 +91,11 @@ def pieces(xl, dyl, gl, H, args):
                                     xla_bwd_given, (dyl, xl, rstd, gl, coef), 3),
     }
     copy_t = bench(lambda x: -x, [(xl,)], args.iters, args.reps, one_program=False)
+    copy_bw = 2 * xl.nbytes / copy_t
     print(f"\nhidden layout, one device's kernels on its {xl.shape} slice "
-          f"(copy of the slice: {copy_t * 1e6:.1f} µs, {2 * xl.nbytes / copy_t / 1e12:.2f} TB/s)")
+          f"(copy of the slice: {copy_t * 1e6:.1f} µs, {copy_bw / 1e12:.2f} TB/s)")
     print("\n| kernel | ours µs | ours TB/s | % of copy | XLA µs | ours vs XLA |")
     print("|---|---|---|---|---|---|")
-    copy_bw = 2 * xl.nbytes / copy_t
     for name, (ours, xla, a, passes) in rows.items():
         ours, xla = jax.jit(ours), jax.jit(xla)
         errs = [rel_err(u, v) for u, v in zip(jax.tree.leaves(ours(*a)), jax.tree.leaves(xla(*a)))]
@@ -135,8 +135,10 @@ def main():
     dys = [jax.random.normal(k, (M, H), jnp.float32).astype(dt) for k in keys[2:4]]
     g = (1.0 + 0.1 * jax.random.normal(keys[4], (H,), jnp.float32)).astype(dt)
 
+    # One device's slice of the hidden layout.
+    slice_args = (xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
     if args.pieces_only:
-        pieces(xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
+        pieces(*slice_args)
         return
 
     ours = step(lambda x, g: jrn.rms_norm(x, g))
@@ -178,7 +180,7 @@ def main():
             print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
                   f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
 
-    pieces(xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
+    pieces(*slice_args)
 
     # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
     mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))
