@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 // Threads per row: a thread per kRowPacks packs of the row, up to kThreads.
 // Each thread loads kItems packs (of x, and of dy) at a time. These kernels
 // only read, so what hides the loads' latency is many resident threads: with
-// one pack at a time (27-38 registers) an H100 holds 1536-2048 threads per
+// one pack at a time (27-40 registers) an H100 holds 1536-2048 threads per
 // SM. Measured on an H100 at 32768 rows of bf16 (hidden 4096 / 8192), x
 // statistics took 98.4 / 188.2 us and gradient statistics 185.0 / 358.3 us
 // this way, against 112.1 / 207.2 and 206.1 / 403.9 us with a quarter of the
