@@ -167,17 +167,15 @@ def test_layer_norm_statistics_far_from_zero(hidden, platform):
 
 
 @pytest.mark.parametrize("hidden", STATS_HIDDEN)
-def test_layer_norm_outlier_in_first_column(hidden, platform):
-    """An outlier in column 0 (3000 among N(0, 1)). Known limitation: on the GPU,
-    rows wider than one CTA's registers (fwd_stream, fwd_slices) take both sums
-    in one pass around the row's first element, which then cancels in float32
-    (measured on an H100: rstd off by 0.2% at 40001 and 65536, 4% at 262144;
-    1e-8 at 12288). A one-reduction fix (per-pack mean/M2 merges) was 1.4-1.6x
-    slower there; see benchmarks/RESULTS.md."""
-    if platform == "gpu" and hidden > 12288:
-        pytest.skip("known limitation: wide-row GPU LayerNorm sums around the first element")
+def test_layer_norm_outlier_at_row_ends(hidden, platform):
+    """An outlier (3000 among N(0, 1)) in the first column of one row and the
+    last of another. The one-pass GPU kernels take their sums around a shift
+    near the row's mean; when it was the row's first element, the outlier's row
+    cancelled in float32 (rstd off by 0.2% at 40001 and 65536, 4% at 262144,
+    on an H100)."""
     x = np.array(random(hidden + 3, (2, hidden), jnp.float32))
-    x[:, 0] = 3000.0
+    x[0, 0] = 3000.0
+    x[1, -1] = 3000.0
     _check_layer_stats(x, platform)
 
 

@@ -286,19 +286,21 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     }
   };
 
-  // LayerNorm sums are taken around a shift (the row's first element) so that
-  // var = E[(x-k)^2] - E[x-k]^2 does not cancel catastrophically.
+  // LayerNorm sums are taken around a shift near the row's mean (layer_shift).
   float acc[2] = {0.f, 0.f};
   float shift = 0.f;
   if (K == NormKind::kLayer) {
-    float first[1];
-    load_x<XQ, 1, T>(a, row, 0, first);
-    shift = first[0];
-    if (a.residual) {
-      shift += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H]
-                              : to_float(static_cast<const T*>(a.residual)[row * H]);
-      if (!a.h_f32) shift = to_float(from_float<T>(shift));
-    }
+    auto h_at = [&](int64_t col) {
+      float v[1];
+      load_x<XQ, 1, T>(a, row, static_cast<int>(col), v);
+      if (a.residual) {
+        v[0] += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H + col]
+                               : to_float(static_cast<const T*>(a.residual)[row * H + col]);
+        if (!a.h_f32) v[0] = to_float(from_float<T>(v[0]));
+      }
+      return v[0];
+    };
+    shift = layer_shift(h_at, H);
   }
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
@@ -408,8 +410,8 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // and the next row's load is always in flight: with one cluster per row and
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
-// 218 us here). LayerNorm takes both sums in one pass around a shift (the
-// row's first element), as fwd_stream does: one reduction a row. The FP8
+// 218 us here). LayerNorm takes both sums in one pass around a shift near
+// the row's mean (layer_shift), as fwd_stream does: one reduction a row. The FP8
 // outputs read y's inputs from the stage again for each pass they need (the
 // row's max, then the quantized store) instead of holding y in registers,
 // and per-tensor amax is merged once per CTA and tensor, not once per row.
@@ -471,7 +473,8 @@ __global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t u
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
     if (slice_bytes > 0) ring.wait(st);
-    const float shift = K == NormKind::kLayer ? to_float(static_cast<const T*>(a.x)[row * H]) : 0.f;
+    const T* xrow = static_cast<const T*>(a.x) + row * H;
+    const float shift = K == NormKind::kLayer ? layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H) : 0.f;
     const int64_t poff = (row / a.shape.rows_per_group()) * H;
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
     const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
