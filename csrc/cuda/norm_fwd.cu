@@ -418,8 +418,15 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 constexpr int kSliceItems = 4;  // packs per thread and row in fwd_slices
 constexpr int kSliceThreads = 512;
 
+// The plain LayerNorm is held to three CTAs of 512 threads per SM (at most
+// 42 registers): with float32 parameters it took 49 registers without that
+// bound, two CTAs per SM, and 283.0 us against 257.3 with it (40 registers;
+// H100, bf16 x 2048x65536). The other variants take no bound (0, as if none were
+// given): an explicit 1 let ptxas raise them from 32-60 registers to 42-64,
+// fewer CTAs resident.
 template <NormKind K, Quant Q, class T, class P, int VEC>
-__global__ void __launch_bounds__(kSliceThreads) fwd_slices(FwdArgs a, int64_t used, int cluster) {
+__global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Quant::kNone ? 3 : 0)
+    fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
