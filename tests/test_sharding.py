@@ -252,7 +252,8 @@ def test_stats_kernels_against_float64(platform, rows, hidden, dtype):
     from jax_rmsnorm import _api, _primitives
     dev = jax.devices(platform)[0]
     x = random(rows, (rows, hidden), dtype, offset=3.0)
-    x = jax.device_put(x.at[1, 0].set(3000.0), dev)  # an outlier where a row's first element shifts sums
+    # an outlier at a row's first element, one of those the LayerNorm shift is taken from
+    x = jax.device_put(x.at[1, 0].set(3000.0), dev)
     dy = jax.device_put(random(rows + 1, (rows, hidden), dtype), dev)
     g = jax.device_put(random(rows + 2, (hidden,), dtype, scale=0.1, offset=1.0), dev)
     rstd = jax.device_put(jax.random.uniform(jax.random.key(3), (rows,), jnp.float32, 0.5, 1.5), dev)
