@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "../norm_common.h"
@@ -39,6 +40,15 @@ inline ffi::Error check_launch(const char* kernel) {
     if (jrn_err_.failure()) return jrn_err_;   \
   } while (0)
 
+// The value of p, which the compiler must now keep in a register: it can no
+// longer re-derive p from constants at each use (what it did with a row's
+// parameter pointers in fwd_slices, a dozen instructions per use).
+template <class T>
+__device__ __forceinline__ T* held(T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
+
 // ---- Conversions.
 
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -60,6 +70,24 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) Pack {
   T v[N];
 };
 
+// A pack widened to float. bfloat16 pairs are widened from their 32-bit word
+// by one shift (the low half) and one mask (the high half): per element,
+// the compiler's extract-then-shift takes two instructions for the high half.
+template <class T, int N>
+__device__ __forceinline__ void unpack(const Pack<T, N>& pk, float (&f)[N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(&pk)[i];
+      f[2 * i] = __uint_as_float(w << 16);
+      f[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_float(pk.v[i]);
+  }
+}
+
 // Loads N elements of p[0..N) into f as float. `p` must be aligned to the pack.
 template <int N, class T>
 __device__ __forceinline__ void load_pack(const T* p, float (&f)[N]) {
@@ -69,8 +97,7 @@ __device__ __forceinline__ void load_pack(const T* p, float (&f)[N]) {
 #pragma unroll
     for (int c = 0; c < kBytes / 16; ++c)
       reinterpret_cast<uint4*>(&pk)[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
-#pragma unroll
-    for (int i = 0; i < N; ++i) f[i] = to_float(pk.v[i]);
+    unpack(pk, f);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) f[i] = to_float(p[i]);
@@ -261,6 +288,13 @@ __device__ __forceinline__ void load_fp8(const uint8_t* p, Fp8 fmt, float (&f)[N
 __device__ __forceinline__ float abs_max(float a, float b) {
   return __int_as_float(max(__float_as_int(a), __float_as_int(b)));
 }
+// max(m, |v|) for a non-negative m, NaN propagated (max.NaN: one FMNMX with
+// the |v| operand modifier, where abs_max(m, fabsf(v)) takes two).
+__device__ __forceinline__ float max_abs(float m, float v) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  return r;
+}
 // Reduction operators, applied to value m of the M reduced at once.
 struct SumOp {
   __device__ __forceinline__ float operator()(int, float a, float b) const { return a + b; }
@@ -380,14 +414,20 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the
-// normalization's last step (gamma/beta null: scale 1 / no shift).
+// normalization's last step (gamma/beta null: scale 1 / no shift). A null
+// gamma skips the multiply rather than multiplying by ones, which took eight
+// instructions a pack to set up whether gamma was there or not.
 template <int N, class P>
 __device__ __forceinline__ void scale_shift(float (&v)[N], float mean, float rstd, const P* gamma,
                                             const P* beta, int64_t col, bool zero_centered) {
-  float s[N];
-  load_scale<N>(gamma, col, zero_centered, s);
 #pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd * s[j];
+  for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd;
+  if (gamma) {
+    float s[N];
+    load_scale<N>(gamma, col, zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] *= s[j];
+  }
   if (beta) {
     float b[N];
     load_pack<N>(beta + col, b);

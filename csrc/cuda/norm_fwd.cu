@@ -52,13 +52,17 @@ constexpr int kQuantRowThreads = 512;
 constexpr int kQuantMinBlocks = 2;
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
-// (q = y * inv, inv = 1 / scale).
+// (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
 template <int VEC>
-__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
+__device__ __forceinline__ void store_q(uint8_t* dst, Fp8 fmt, float (&y)[VEC], float mul) {
   float q[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) q[j] = y[j] * mul;
-  store_fp8<VEC>(static_cast<uint8_t*>(a.y) + idx, q, a.fp8);
+  store_fp8<VEC>(dst, q, fmt);
+}
+template <int VEC>
+__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
+  store_q<VEC>(static_cast<uint8_t*>(a.y) + idx, a.fp8, y, mul);
 }
 
 // Loads VEC elements of x at (row, col) as floats: T values, or with XQ (FP8
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
     }
     if constexpr (Q != Quant::kNone) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) m = abs_max(m, fabsf(v[i][j]));
+      for (int j = 0; j < VEC; ++j) m = max_abs(m, v[i][j]);
     }
   }
   if constexpr (Q == Quant::kTensor) {
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
     for (int i = 0; i < kRegItems; ++i) {
       float gm = 0.f;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[i][j]));
+      for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
       for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
       if (in[i]) {
         const float scale = quant_scale(gm, a.fp8, a.scale_ub);
@@ -344,7 +348,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
         float v[VEC];
         normalize(p * VEC, v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+        for (int j = 0; j < VEC; ++j) m[0] = max_abs(m[0], v[j]);
       }
       row_sum<1>(m, smem, AbsMaxOp{});
       const float scale = quant_scale(m[0], a.fp8, a.scale_ub);
@@ -362,7 +366,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
       normalize(p * VEC, v);
       if constexpr (Q == Quant::kTensor) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) m[0] = abs_max(m[0], fabsf(v[j]));
+        for (int j = 0; j < VEC; ++j) m[0] = max_abs(m[0], v[j]);
       }
       if (!a.no_output) store_q<VEC>(a, row * H + p * VEC, v, mul);
     }
@@ -381,7 +385,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
         float v[VEC];
         normalize(g * G + p * VEC, v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[j]));
+        for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
       }
       const float scale = quant_scale(gm, a.fp8, a.scale_ub);
       const float inv = 1.f / scale;
@@ -425,7 +429,7 @@ constexpr int kSliceThreads = 512;
 // given): an explicit 1 let ptxas raise them from 32-60 registers to 42-64,
 // fewer CTAs resident.
 template <NormKind K, Quant Q, class T, class P, int VEC>
-__global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Quant::kNone ? 3 : 0)
+__global__ void __launch_bounds__(kSliceThreads, 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
@@ -459,9 +463,7 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
     }
   };
   auto read = [&](int st, int i, float (&v)[VEC]) {
-    const Vec p = reinterpret_cast<const Vec*>(stages + st * packs)[i * blockDim.x + threadIdx.x];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = to_float(p.v[j]);
+    unpack(reinterpret_cast<const Vec*>(stages + st * packs)[i * blockDim.x + threadIdx.x], v);
   };
   // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
   // walked so far, merged into amax (one atomic per CTA) when the CTA moves
@@ -483,8 +485,8 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
     const T* xrow = static_cast<const T*>(a.x) + row * H;
     const float shift = K == NormKind::kLayer ? layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H) : 0.f;
     const int64_t poff = (row / a.shape.rows_per_group()) * H;
-    const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
-    const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+    const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
+    const P* beta = held(K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr);
     float acc[kRed] = {};  // sum((x - shift)^2), then sum(x - shift) or max |x * scale|
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -501,7 +503,7 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
           float s[VEC];
           load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[1] = abs_max(acc[1], fabsf(v[j] * s[j]));
+          for (int j = 0; j < VEC; ++j) acc[1] = max_abs(acc[1], v[j] * s[j]);
         }
       }
     }
@@ -522,6 +524,7 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
       }
     };
     const int64_t out = row * H + first;
+    uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + out);  // FP8 outputs' row slice
     if constexpr (Q == Quant::kNone) {
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
@@ -540,11 +543,13 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
       }
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
-        float v[VEC];
-        normalized(i, v);
-        if (in[i] && !a.no_output) store_q<VEC>(a, out + local(i), v, tensor_scale);
+        if (in[i]) {
+          float v[VEC];
+          normalized(i, v);
+          if (!a.no_output) store_q<VEC>(qrow + local(i), a.fp8, v, tensor_scale);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) tensor_max = abs_max(tensor_max, fabsf(v[j]));
+          for (int j = 0; j < VEC; ++j) tensor_max = max_abs(tensor_max, v[j]);
+        }
       }
     } else if constexpr (Q == Quant::kRow) {
       float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
@@ -554,7 +559,7 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
           float v[VEC];
           normalized(i, v);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) mm[0] = abs_max(mm[0], fabsf(v[j]));
+          for (int j = 0; j < VEC; ++j) mm[0] = max_abs(mm[0], v[j]);
         }
         row_sum<1>(mm, smem, AbsMaxOp{});
         if (cluster > 1) cluster_sum<1>(mm, xmax, st, AbsMaxOp{});
@@ -566,7 +571,7 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
         if (in[i]) {
           float v[VEC];
           normalized(i, v);
-          store_q<VEC>(a, out + local(i), v, inv);
+          store_q<VEC>(qrow + local(i), a.fp8, v, inv);
         }
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
@@ -581,11 +586,11 @@ __global__ void __launch_bounds__(kSliceThreads, K == NormKind::kLayer && Q == Q
         normalized(i, v);
         float gm = 0.f;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) gm = abs_max(gm, fabsf(v[j]));
+        for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
         for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
         if (in[i]) {
           const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-          store_q<VEC>(a, out + local(i), v, 1.f / scale);
+          store_q<VEC>(qrow + local(i), a.fp8, v, 1.f / scale);
           if (threadIdx.x % lanes == 0) a.qscale[row * (H / group) + (first + local(i)) / group] = scale;
         }
       }
