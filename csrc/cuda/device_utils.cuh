@@ -414,20 +414,14 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the
-// normalization's last step (gamma/beta null: scale 1 / no shift). A null
-// gamma skips the multiply rather than multiplying by ones, which took eight
-// instructions a pack to set up whether gamma was there or not.
+// normalization's last step (gamma/beta null: scale 1 / no shift).
 template <int N, class P>
 __device__ __forceinline__ void scale_shift(float (&v)[N], float mean, float rstd, const P* gamma,
                                             const P* beta, int64_t col, bool zero_centered) {
+  float s[N];
+  load_scale<N>(gamma, col, zero_centered, s);
 #pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd;
-  if (gamma) {
-    float s[N];
-    load_scale<N>(gamma, col, zero_centered, s);
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[j] *= s[j];
-  }
+  for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd * s[j];
   if (beta) {
     float b[N];
     load_pack<N>(beta + col, b);
