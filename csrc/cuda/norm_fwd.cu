@@ -65,6 +65,20 @@ __device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y
   store_q<VEC>(static_cast<uint8_t*>(a.y) + idx, a.fp8, y, mul);
 }
 
+// The per-group FP8 scales of fwd_regs and fwd_slices, whose groups are a
+// power of two of lanes (at most 32) times VEC columns: the group's first
+// lane writes its scale, found with shifts and masks; the divisions and
+// remainders these replace took about 60 instructions a pack.
+struct Pow2Groups {
+  int shift;      // log2 of the group size
+  int lane_mask;  // lanes per group - 1
+  int64_t per_row;
+  __device__ Pow2Groups(int64_t group, int vec, int64_t hidden)
+      : shift(__ffsll(group) - 1), lane_mask(static_cast<int>(group / vec) - 1), per_row(hidden >> shift) {}
+  __device__ bool leader() const { return (static_cast<int>(threadIdx.x) & lane_mask) == 0; }
+  __device__ int64_t index(int64_t row, int col) const { return row * per_row + (col >> shift); }
+};
+
 // Loads VEC elements of x at (row, col) as floats: T values, or with XQ (FP8
 // input) FP8 codes times their group's scale. A pack lies within one group
 // (the launcher makes the group size a multiple of VEC). Columns and group
@@ -245,20 +259,19 @@ __global__ void __launch_bounds__(Q == Quant::kNone ? kMaxRowThreads : kQuantRow
     }
     if (valid && threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
   } else if constexpr (Q == Quant::kGroup) {
-    // A group is `lanes` consecutive threads (the launcher makes blockDim.x a
-    // multiple of it, at most 32): its max by shuffles within those lanes.
-    const int lanes = static_cast<int>(a.group_size / VEC);
+    // A group is lane_mask + 1 consecutive threads (the launcher makes
+    // blockDim.x a multiple of it, at most 32): its max by shuffles among them.
+    const Pow2Groups groups(a.group_size, VEC, H);
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
       float gm = 0.f;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
-      for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+      for (int off = 1; off <= groups.lane_mask; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
       if (in[i]) {
         const float scale = quant_scale(gm, a.fp8, a.scale_ub);
         store_q<VEC>(a, row * H + column(i), v[i], 1.f / scale);
-        const int group = static_cast<int>(a.group_size);
-        if (threadIdx.x % lanes == 0) a.qscale[row * (H / group) + column(i) / group] = scale;
+        if (groups.leader()) a.qscale[groups.index(row, column(i))] = scale;
       }
     }
   }
@@ -576,10 +589,9 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
     } else if constexpr (Q == Quant::kGroup) {
-      // A group is `lanes` consecutive threads (a power of two of at most 32,
-      // and a CTA's slice a whole number of groups): its max by shuffles.
-      const int lanes = static_cast<int>(a.group_size / VEC);
-      const int group = static_cast<int>(a.group_size);
+      // A group is lane_mask + 1 consecutive threads (a power of two of at
+      // most 32, and a CTA's slice a whole number of groups): its max by shuffles.
+      const Pow2Groups groups(a.group_size, VEC, H);
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
         float v[VEC];
@@ -587,11 +599,11 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
         float gm = 0.f;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-        for (int off = 1; off < lanes; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+        for (int off = 1; off <= groups.lane_mask; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
         if (in[i]) {
           const float scale = quant_scale(gm, a.fp8, a.scale_ub);
           store_q<VEC>(qrow + local(i), a.fp8, v, 1.f / scale);
-          if (threadIdx.x % lanes == 0) a.qscale[row * (H / group) + (first + local(i)) / group] = scale;
+          if (groups.leader()) a.qscale[groups.index(row, first + local(i))] = scale;
         }
       }
     }
