@@ -73,8 +73,11 @@ struct Pow2Groups {
   int shift;      // log2 of the group size
   int lane_mask;  // lanes per group - 1
   int64_t per_row;
-  __device__ Pow2Groups(int64_t group, int vec, int64_t hidden)
-      : shift(__ffsll(group) - 1), lane_mask(static_cast<int>(group / vec) - 1), per_row(hidden >> shift) {}
+  __device__ Pow2Groups(int64_t group, int vec, int64_t hidden) {
+    shift = __ffsll(group) - 1;
+    lane_mask = static_cast<int>(group / vec) - 1;
+    per_row = hidden >> shift;
+  }
   __device__ bool leader() const { return (static_cast<int>(threadIdx.x) & lane_mask) == 0; }
   __device__ int64_t index(int64_t row, int col) const { return row * per_row + (col >> shift); }
 };
