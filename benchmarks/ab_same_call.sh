@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Same-call A/B on a lent GPU: builds a reference tree and this tree as wheels
+# at once, then runs one benchmark command with each installed in turn, so the
+# two are compared on the same machine in the same session (RESULTS.md 6g).
+#
+#   git archive --prefix=ref/ main | tar x -C dist/     # here: the reference's sources (dist/ is ignored)
+#   bash benchmarks/ab_same_call.sh dist/ref python3 benchmarks/bench_fused.py --ops ln_fp8 --hidden 4096
+#
+# (pass dist as a carried path to the device). Logs go to $OUT (or ./out):
+# build_{ref,new}.log and bench_{ref,new}.log; the tables' rows are printed.
+set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 <reference source dir> <command...>"; exit 2; }
+REF=$(cd "$1" && pwd); shift
+REPO=$(pwd)
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90}
+WHL=$(mktemp -d)
+( cd "$REF" && python3 -m pip wheel --no-build-isolation --no-deps . -w "$WHL/ref" > "$OUT/build_ref.log" 2>&1 ) &
+( python3 -m pip wheel --no-build-isolation --no-deps . -w "$WHL/new" > "$OUT/build_new.log" 2>&1 ) &
+wait
+for v in ref new; do
+  ls "$WHL/$v"/*.whl > /dev/null 2>&1 || { echo "build of $v failed:"; tail -30 "$OUT/build_$v.log"; exit 1; }
+done
+for v in ref new; do
+  python3 -m pip install --no-deps --force-reinstall "$WHL/$v"/*.whl > "$OUT/install_$v.log" 2>&1 ||
+    { tail -20 "$OUT/install_$v.log"; exit 1; }
+  # From the repository root the scripts import the installed wheel: their
+  # own folder, not the root, is first on sys.path.
+  ( cd "$REPO" && "$@" ) > "$OUT/bench_$v.log" 2>&1
+  echo "== $v"
+  grep "^| [a-z]" "$OUT/bench_$v.log" | grep -v "^| op "
+done
