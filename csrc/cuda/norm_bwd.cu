@@ -231,13 +231,14 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (first + local(i) < H) {
-        const Vec xr = *stage(st, 0, i), dr = *stage(st, 1, i);
-        float s[VEC];
+        float xf[VEC], df[VEC], s[VEC];
+        unpack(*stage(st, 0, i), xf);
+        unpack(*stage(st, 1, i), df);
         load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float g = to_float(dr.v[j]) * s[j];
-          acc[0] += g * (to_float(xr.v[j]) - mean) * rstd;
+          const float g = df[j] * s[j];
+          acc[0] += g * (xf[j] - mean) * rstd;
           acc[1] += g;
         }
       }
@@ -250,20 +251,22 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (first + local(i) < H) {
-        const Vec xr = *stage(st, 0, i), dr = *stage(st, 1, i);
-        float s[VEC], out[VEC];
+        float xf[VEC], df[VEC], s[VEC], out[VEC];
+        unpack(*stage(st, 0, i), xf);
+        unpack(*stage(st, 1, i), df);
         load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xh = (to_float(xr.v[j]) - mean) * rstd;
-          const float d = to_float(dr.v[j]);
-          out[j] = rstd * (d * s[j] - c2 - xh * c1);
-          dg[i][j] += d * xh;
-          if constexpr (K == NormKind::kLayer) db[i][j] += d;
+          const float xh = (xf[j] - mean) * rstd;
+          out[j] = rstd * (df[j] * s[j] - c2 - xh * c1);
+          dg[i][j] += df[j] * xh;
+          if constexpr (K == NormKind::kLayer) db[i][j] += df[j];
         }
         if (a.dh) {
+          float dhf[VEC];
+          unpack(dhr[i], dhf);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] += to_float(dhr[i].v[j]);
+          for (int j = 0; j < VEC; ++j) out[j] += dhf[j];
         }
         store_pack<VEC>(dx + local(i), out);
       }
