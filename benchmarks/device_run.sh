@@ -25,7 +25,7 @@ for step in "$@"; do
         python3 benchmarks/bench_norm.py --dtype float16 --hidden 4096 16384
         python3 benchmarks/bench_norm.py --param-dtype float32 --hidden 4096 16384
         python3 benchmarks/bench_norm.py --zero-centered --hidden 4096 16384 --ops rms_fwd rms_bwd
-        python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd
+        python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd --iters 400 --reps 11
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
     sanitize|memcheck|racecheck)  # one process per shape (see benchmarks/sanitize.py)
       tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
