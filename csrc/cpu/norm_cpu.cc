@@ -53,9 +53,10 @@ template <> inline float from_float<float>(float f) { return f; }
 template <> inline bf16_t from_float<bf16_t>(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16_t{static_cast<uint16_t>(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // ties to even
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  // A select, not a branch: the loops that store rows vectorize.
+  return bf16_t{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 template <> inline f16_t from_float<f16_t>(float f) {
   uint32_t u;
@@ -109,10 +110,34 @@ inline float from_fp8(uint8_t b, Fp8 fmt) {
 // max that keeps a NaN of either side.
 inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
+// A parameter group's scale (gamma, 1 + gamma, or ones) and shift (beta or
+// zeros) as float rows, filled once per group: the per-element loops then
+// have no branch on the parameters' presence or kind.
 template <class P>
-inline float scale_at(const P* gamma, int64_t i, bool zero_centered) {
-  if (!gamma) return 1.f;
-  return zero_centered ? to_float(gamma[i]) + 1.f : to_float(gamma[i]);
+void fill_scale(std::vector<float>& out, const P* gamma, int64_t H, bool zero_centered) {
+  for (int64_t i = 0; i < H; ++i) {
+    const float g = gamma ? to_float(gamma[i]) : 0.f;
+    out[i] = !gamma ? 1.f : zero_centered ? g + 1.f : g;
+  }
+}
+template <class P>
+void fill_shift(std::vector<float>& out, const P* beta, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) out[i] = beta ? to_float(beta[i]) : 0.f;
+}
+
+// sum over i in [0, n) of term(i), in float64: eight interleaved partial sums
+// added in a fixed order at the end, so the result is the same on every call
+// and the additions do not wait on one another (the loop vectorizes; a single
+// running sum took 4 cycles an element on its chain of dependent additions).
+template <class F>
+inline double sum_f64(int64_t n, F term) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += term(i + j);
+  }
+  for (int j = 0; i + j < n; ++j) acc[j] += term(i + j);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 struct CpuBackend {
@@ -140,7 +165,8 @@ struct CpuBackend {
   static ffi::Error fwd(const FwdArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
-    std::vector<float> row(H), out(H);
+    std::vector<float> row(H), out(H), scale(H), shift(H);
+    int64_t params_of = -1;  // the parameter group that scale/shift hold
     // FP8 input: its 256 codes decoded once.
     float fp8_value[256];
     if (a.x_fp8) {
@@ -154,8 +180,11 @@ struct CpuBackend {
     // scale_inv, then the second quantizes.
     auto row_pass = [&](int64_t r, bool second) {
       const int64_t g = r / rpg;
-      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
-      const P* beta = a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr;
+      if (g != params_of) {
+        fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr, H, a.zero_centered);
+        fill_shift(shift, a.beta ? static_cast<const P*>(a.beta) + g * H : nullptr, H);
+        params_of = g;
+      }
       // The row to normalize: x (dequantized if FP8), or h = x + residual
       // rounded to h's dtype.
       if (a.x_fp8) {
@@ -167,45 +196,54 @@ struct CpuBackend {
         for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
       }
       if (a.residual) {
-        for (int64_t i = 0; i < H; ++i) {
-          const int64_t k = r * H + i;
-          const float v = row[i] + (a.residual_f32 ? static_cast<const float*>(a.residual)[k]
-                                                   : to_float(static_cast<const T*>(a.residual)[k]));
-          if (a.h_f32) {
-            if (!second) static_cast<float*>(a.h)[k] = v;
-            row[i] = v;
-          } else {
-            const T hv = from_float<T>(v);
-            if (!second) static_cast<T*>(a.h)[k] = hv;
+        if (a.residual_f32) {
+          const float* res = static_cast<const float*>(a.residual) + r * H;
+          for (int64_t i = 0; i < H; ++i) row[i] += res[i];
+        } else {
+          const T* res = static_cast<const T*>(a.residual) + r * H;
+          for (int64_t i = 0; i < H; ++i) row[i] += to_float(res[i]);
+        }
+        if (a.h_f32) {
+          if (!second) std::copy(row.begin(), row.end(), static_cast<float*>(a.h) + r * H);
+        } else {
+          T* h = static_cast<T*>(a.h) + r * H;
+          for (int64_t i = 0; i < H; ++i) {
+            const T hv = from_float<T>(row[i]);
+            if (!second) h[i] = hv;
             row[i] = to_float(hv);
           }
         }
       }
-      double sum = 0.0;
-      if (K == NormKind::kLayer && !a.given_stats) {
-        for (int64_t i = 0; i < H; ++i) sum += row[i];
+      float mean = 0.f;
+      if constexpr (K == NormKind::kLayer) {
+        mean = a.given_stats ? a.mean[r]
+                             : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
+                                                  static_cast<double>(H));
       }
-      float mean = static_cast<float>(sum / static_cast<double>(H));
-      if (K == NormKind::kLayer && a.given_stats) mean = a.mean[r];
-      double ss = 0.0;
-      for (int64_t i = 0; i < H; ++i) {
-        row[i] -= mean;
-        ss += static_cast<double>(row[i]) * row[i];
-      }
-      const float rstd = a.given_stats ? a.rstd[r]
-                                       : static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
-      for (int64_t i = 0; i < H; ++i) {
-        float v = row[i] * rstd * scale_at(gamma, i, a.zero_centered);
-        if (beta) v += to_float(beta[i]);
-        out[i] = v;
-      }
-      if (!a.given_stats) {
+      for (int64_t i = 0; i < H; ++i) row[i] -= mean;
+      float rstd;
+      if (a.given_stats) {
+        rstd = a.rstd[r];
+      } else {
+        const double ss = sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]) * row[i]; });
+        rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
         a.rstd[r] = rstd;
         if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
       }
+      const bool shifted = a.beta != nullptr;
       if (a.quant == Quant::kNone) {
-        for (int64_t i = 0; i < H; ++i) static_cast<T*>(a.y)[r * H + i] = from_float<T>(out[i]);
+        T* y = static_cast<T*>(a.y) + r * H;
+        if (shifted) {
+          for (int64_t i = 0; i < H; ++i) y[i] = from_float<T>(row[i] * rstd * scale[i] + shift[i]);
+        } else {
+          for (int64_t i = 0; i < H; ++i) y[i] = from_float<T>(row[i] * rstd * scale[i]);
+        }
         return;
+      }
+      if (shifted) {
+        for (int64_t i = 0; i < H; ++i) out[i] = row[i] * rstd * scale[i] + shift[i];
+      } else {
+        for (int64_t i = 0; i < H; ++i) out[i] = row[i] * rstd * scale[i];
       }
       uint8_t* q = static_cast<uint8_t*>(a.y) + r * H;
       // Columns [c0, c0 + n) quantized with one scale: the given one, or the
@@ -251,37 +289,45 @@ struct CpuBackend {
   template <NormKind K, class T, class P>
   static ffi::Error bwd(const BwdArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
-    const T* x = static_cast<const T*>(a.x);
-    const T* dy = static_cast<const T*>(a.dy);
-    T* dx = static_cast<T*>(a.dx);
-    std::vector<float> xhat(H), gdy(H);
+    std::vector<float> xhat(H), d(H), gdy(H), scale(H);
     std::vector<double> dg(a.dgamma ? H : 0), db(a.dbeta ? H : 0);
     for (int64_t g = 0; g < a.shape.groups; ++g) {
-      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr;
+      fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr, H, a.zero_centered);
       std::fill(dg.begin(), dg.end(), 0.0);
       std::fill(db.begin(), db.end(), 0.0);
       for (int64_t r = g * rpg; r < (g + 1) * rpg; ++r) {
         const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
-        double sum_gdy = 0.0, sum_gdy_xhat = 0.0;
+        const T* x = static_cast<const T*>(a.x) + r * H;
+        const T* dy = static_cast<const T*>(a.dy) + r * H;
         for (int64_t i = 0; i < H; ++i) {
-          const float d = to_float(dy[r * H + i]);
-          xhat[i] = (to_float(x[r * H + i]) - mean) * rstd;
-          gdy[i] = d * scale_at(gamma, i, a.zero_centered);
-          sum_gdy += gdy[i];
-          sum_gdy_xhat += static_cast<double>(gdy[i]) * xhat[i];
-          if (a.dgamma) dg[i] += static_cast<double>(d) * xhat[i];
-          if (a.dbeta) db[i] += d;
+          d[i] = to_float(dy[i]);
+          xhat[i] = (to_float(x[i]) - mean) * rstd;
+          gdy[i] = d[i] * scale[i];
         }
-        float c1 = static_cast<float>(sum_gdy_xhat / static_cast<double>(H));
-        float c2 = K == NormKind::kLayer ? static_cast<float>(sum_gdy / static_cast<double>(H)) : 0.f;
+        float c1, c2 = 0.f;
         if (a.coef) {
           c1 = a.coef[2 * r];
-          c2 = K == NormKind::kLayer ? a.coef[2 * r + 1] : 0.f;
+          if constexpr (K == NormKind::kLayer) c2 = a.coef[2 * r + 1];
+        } else {
+          c1 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]) * xhat[i]; }) /
+                                  static_cast<double>(H));
+          if constexpr (K == NormKind::kLayer)
+            c2 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }) /
+                                    static_cast<double>(H));
         }
-        const T* dh = a.dh ? static_cast<const T*>(a.dh) + r * H : nullptr;
-        for (int64_t i = 0; i < H; ++i) {
-          const float v = rstd * (gdy[i] - c2 - xhat[i] * c1);
-          dx[r * H + i] = from_float<T>(dh ? v + to_float(dh[i]) : v);
+        // Column sums: each column's in row order.
+        if (a.dgamma) {
+          for (int64_t i = 0; i < H; ++i) dg[i] += static_cast<double>(d[i]) * xhat[i];
+        }
+        if (a.dbeta) {
+          for (int64_t i = 0; i < H; ++i) db[i] += d[i];
+        }
+        T* dx = static_cast<T*>(a.dx) + r * H;
+        if (a.dh) {
+          const T* dh = static_cast<const T*>(a.dh) + r * H;
+          for (int64_t i = 0; i < H; ++i) dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1) + to_float(dh[i]));
+        } else {
+          for (int64_t i = 0; i < H; ++i) dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
         }
       }
       for (int64_t i = 0; i < H; ++i) {
@@ -295,18 +341,16 @@ struct CpuBackend {
   template <NormKind K, class T>
   static ffi::Error stats(const StatsArgs& a) {
     const int64_t H = a.shape.hidden;
-    const T* x = static_cast<const T*>(a.x);
     for (int64_t r = 0; r < a.shape.rows; ++r) {
-      const T* xr = x + r * H;
-      double sum = 0.0, ss = 0.0;
+      const T* x = static_cast<const T*>(a.x) + r * H;
+      double mean = 0.0;
       if constexpr (K == NormKind::kLayer) {
-        for (int64_t i = 0; i < H; ++i) sum += to_float(xr[i]);
+        mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(to_float(x[i])); }) / static_cast<double>(H);
       }
-      const double mean = sum / static_cast<double>(H);
-      for (int64_t i = 0; i < H; ++i) {
-        const double d = to_float(xr[i]) - mean;
-        ss += d * d;
-      }
+      const double ss = sum_f64(H, [&](int64_t i) {
+        const double v = to_float(x[i]) - mean;
+        return v * v;
+      });
       if constexpr (K == NormKind::kLayer) {
         a.out[2 * r] = static_cast<float>(mean);
         a.out[2 * r + 1] = static_cast<float>(ss);
@@ -320,19 +364,21 @@ struct CpuBackend {
   template <NormKind K, class T, class P>
   static ffi::Error grad_stats(const StatsArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
-    const T* x = static_cast<const T*>(a.x);
-    const T* dy = static_cast<const T*>(a.dy);
+    std::vector<float> gdy(H), scale(H);
+    int64_t params_of = -1;
     for (int64_t r = 0; r < a.shape.rows; ++r) {
-      const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + (r / rpg) * H : nullptr;
-      const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
-      double s1 = 0.0, s2 = 0.0;
-      for (int64_t i = 0; i < H; ++i) {
-        const float g = to_float(dy[r * H + i]) * scale_at(gamma, i, a.zero_centered);
-        s1 += static_cast<double>(g) * ((to_float(x[r * H + i]) - mean) * rstd);
-        s2 += g;
+      if (r / rpg != params_of) {
+        params_of = r / rpg;
+        fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + params_of * H : nullptr, H, a.zero_centered);
       }
-      a.out[2 * r] = static_cast<float>(s1);
-      a.out[2 * r + 1] = static_cast<float>(s2);
+      const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+      const T* x = static_cast<const T*>(a.x) + r * H;
+      const T* dy = static_cast<const T*>(a.dy) + r * H;
+      for (int64_t i = 0; i < H; ++i) gdy[i] = to_float(dy[i]) * scale[i];
+      a.out[2 * r] = static_cast<float>(sum_f64(H, [&](int64_t i) {
+        return static_cast<double>(gdy[i]) * ((to_float(x[i]) - mean) * rstd);
+      }));
+      a.out[2 * r + 1] = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }));
     }
     return ffi::Error::Success();
   }
