@@ -285,7 +285,8 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 //   template <NormKind K, class T, class P> static ffi::Error bwd(CTX, const BwdArgs&);
 // and types BACKEND::Bf16 / BACKEND::F16 naming its 16-bit element types.
 // BIND is the binder with the platform's context already added; CTX_DECL/CTX
-// declare and forward that context (both empty on the CPU).
+// declare and forward that context (the CUDA stream; on the CPU, XLA's intra-op
+// thread pool).
 #define JRN_DEFINE_NORM_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                           \
   namespace jrn_handlers_##PREFIX {                                                             \
   using namespace ::jrn;                                                                        \

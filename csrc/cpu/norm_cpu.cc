@@ -2,11 +2,16 @@
 // handlers. Plain C++: elementwise math in float32, row sums and dgamma/dbeta
 // accumulated in float64 (cheap on a CPU, and accurate for rows of any length),
 // in a fixed order, so results are reproducible.
-#include <cmath>
-#include <cstdint>
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 
@@ -140,12 +145,60 @@ inline double sum_f64(int64_t n, F term) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// ---- Work split over XLA's intra-op thread pool.
+
+// How many chunks [0, n) is split into: chunks of at least `grain` items, at
+// most one per thread of the pool (one when there is no pool).
+inline int64_t chunk_count(ffi::ThreadPool& pool, int64_t n, int64_t grain) {
+  if (n <= grain) return 1;
+  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
+  return std::max<int64_t>(1, std::min(workers, n / grain));
+}
+
+// Runs body(c, begin, end) for the `chunks` consecutive parts c of [0, n).
+// Pool tasks and the calling thread take chunks from one counter; the caller
+// waits only for chunks already taken, so a busy pool cannot stall it, and a
+// task that starts after every chunk is taken finds none and returns (the
+// state it shares outlives the call; `body` is reached only through a chunk).
+template <class Body>
+void run_chunks(ffi::ThreadPool& pool, int64_t n, int64_t chunks, const Body& body) {
+  if (chunks <= 1) {
+    body(int64_t{0}, int64_t{0}, n);
+    return;
+  }
+  struct Shared {
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::condition_variable all_done;
+    int64_t done = 0;  // guarded by mu
+    std::function<void(int64_t)> run;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->run = [&](int64_t c) { body(c, n * c / chunks, n * (c + 1) / chunks); };
+  auto work = [shared, chunks]() {
+    for (int64_t c; (c = shared->next.fetch_add(1)) < chunks;) {
+      shared->run(c);
+      std::lock_guard<std::mutex> lock(shared->mu);
+      if (++shared->done == chunks) shared->all_done.notify_all();
+    }
+  };
+  for (int64_t i = 1; i < chunks; ++i) pool.Schedule(decltype(work)(work));  // a copy for each task
+  work();
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->all_done.wait(lock, [&] { return shared->done == chunks; });
+}
+
+// Rows a chunk of the row-parallel passes gets at least: about 64K elements,
+// so that handing it to another thread costs little against its work.
+inline int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(hidden, 1)); }
+
 struct CpuBackend {
   using Bf16 = bf16_t;
   using F16 = f16_t;
 
   // out[b, c, r] = in[b, r, c] for bytes, in tiles of 64 x 64.
-  static ffi::Error transpose8(const void* in, void* out, int64_t batch, int64_t rows, int64_t cols) {
+  static ffi::Error transpose8(ffi::ThreadPool&, const void* in, void* out, int64_t batch, int64_t rows,
+                               int64_t cols) {
     constexpr int64_t kTile = 64;
     const uint8_t* src = static_cast<const uint8_t*>(in);
     uint8_t* dst = static_cast<uint8_t*>(out);
@@ -162,23 +215,49 @@ struct CpuBackend {
   }
 
   template <NormKind K, class T, class P>
-  static ffi::Error fwd(const FwdArgs& a) {
-    const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
-    const T* x = static_cast<const T*>(a.x);
-    std::vector<float> row(H), out(H), scale(H), shift(H);
-    int64_t params_of = -1;  // the parameter group that scale/shift hold
+  static ffi::Error fwd(ffi::ThreadPool& pool, const FwdArgs& a) {
+    const int64_t H = a.shape.hidden;
     // FP8 input: its 256 codes decoded once.
     float fp8_value[256];
     if (a.x_fp8) {
       for (int c = 0; c < 256; ++c) fp8_value[c] = from_fp8(static_cast<uint8_t>(c), a.x_fmt);
     }
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
-    const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
-    if (per_tensor) std::fill(a.amax, a.amax + a.tensors, 0.f);
+    // Rows are split into chunks run in parallel; a per-tensor amax is merged
+    // per chunk, then over the chunks.
+    const int64_t chunks = chunk_count(pool, a.shape.rows, row_grain(H));
+    std::vector<float> chunk_amax(per_tensor ? chunks * a.tensors : 0, 0.f);
     // One pass over the rows; current scaling takes two: the first merges each
     // tensor's amax (and stores h and the statistics), then amax becomes
     // scale_inv, then the second quantizes.
-    auto row_pass = [&](int64_t r, bool second) {
+    auto pass = [&](bool second) {
+      run_chunks(pool, a.shape.rows, chunks, [&](int64_t c, int64_t r0, int64_t r1) {
+        rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, per_tensor ? chunk_amax.data() + c * a.tensors : nullptr);
+      });
+    };
+    pass(false);
+    if (per_tensor) {
+      for (int64_t t = 0; t < a.tensors; ++t) {
+        float m = 0.f;
+        for (int64_t c = 0; c < chunks; ++c) m = nan_max(m, chunk_amax[c * a.tensors + t]);
+        a.amax[t] = current ? quant_scale(m, a.fp8, a.scale_ub) : m;
+      }
+    }
+    if (current) pass(true);
+    return ffi::Error::Success();
+  }
+
+  // Rows [r0, r1) of the forward; `amax` (per-tensor FP8) is this chunk's.
+  template <NormKind K, class T, class P>
+  static void rows_fwd(const FwdArgs& a, const float* fp8_value, int64_t r0, int64_t r1, bool second,
+                       float* amax) {
+    const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+    const T* x = static_cast<const T*>(a.x);
+    const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
+    const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
+    std::vector<float> row(H), out(H), scale(H), shift(H);
+    int64_t params_of = -1;  // the parameter group that scale/shift hold
+    for (int64_t r = r0; r < r1; ++r) {
       const int64_t g = r / rpg;
       if (g != params_of) {
         fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr, H, a.zero_centered);
@@ -238,7 +317,7 @@ struct CpuBackend {
         } else {
           for (int64_t i = 0; i < H; ++i) y[i] = from_float<T>(row[i] * rstd * scale[i]);
         }
-        return;
+        continue;
       }
       if (shifted) {
         for (int64_t i = 0; i < H; ++i) out[i] = row[i] * rstd * scale[i] + shift[i];
@@ -265,11 +344,11 @@ struct CpuBackend {
       if (per_tensor) {
         const int64_t t = r / rows_per_tensor;
         if (!current) {
-          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, a.scale[t]));
+          amax[t] = nan_max(amax[t], quantize(0, H, nullptr, a.scale[t]));
         } else if (!second) {
-          a.amax[t] = nan_max(a.amax[t], quantize(0, H, nullptr, 0.f, false));
+          amax[t] = nan_max(amax[t], quantize(0, H, nullptr, 0.f, false));
         } else {
-          quantize(0, H, nullptr, 1.f / a.amax[t]);  // amax holds scale_inv by now
+          quantize(0, H, nullptr, 1.f / a.amax[t]);  // a.amax holds scale_inv by now
         }
       } else if (a.quant == Quant::kRow) {
         quantize(0, H, a.qscale + r, 0.f);
@@ -277,71 +356,91 @@ struct CpuBackend {
         const int64_t G = a.group_size, per_row = H / G;
         for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
       }
-    };
-    for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, false);
-    if (current) {
-      for (int64_t t = 0; t < a.tensors; ++t) a.amax[t] = quant_scale(a.amax[t], a.fp8, a.scale_ub);
-      for (int64_t r = 0; r < a.shape.rows; ++r) row_pass(r, true);
     }
-    return ffi::Error::Success();
+  }
+
+  // dgamma/dbeta: a group's rows are cut into blocks of consecutive rows, as
+  // many as the shape alone gives (never the thread count): each block sums
+  // its columns in row order in float64, then the blocks are added in order,
+  // so results do not depend on the machine. Up to 64 blocks of at least 512
+  // rows, their partial sums within 2^21 doubles.
+  static int64_t bwd_blocks(int64_t rows, int64_t columns) {
+    const int64_t by_memory = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(columns, 1));
+    return std::max<int64_t>(1, std::min({rows / 512, int64_t{64}, by_memory}));
   }
 
   template <NormKind K, class T, class P>
-  static ffi::Error bwd(const BwdArgs& a) {
+  static ffi::Error bwd(ffi::ThreadPool& pool, const BwdArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
-    std::vector<float> xhat(H), d(H), gdy(H), scale(H);
-    std::vector<double> dg(a.dgamma ? H : 0), db(a.dbeta ? H : 0);
+    const int outs = a.param_outputs();
+    // Without dgamma/dbeta every row is a block of its own.
+    const int64_t blocks = outs ? bwd_blocks(rpg, outs * H) : rpg;
+    const int64_t chunks = outs ? chunk_count(pool, blocks, 1) : chunk_count(pool, rpg, row_grain(H));
+    // part[(b * outs + o) * H + i]: block b's sum of column i of output o
+    // (dgamma, then dbeta).
+    std::vector<double> part(static_cast<size_t>(blocks * outs * H));
     for (int64_t g = 0; g < a.shape.groups; ++g) {
-      fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr, H, a.zero_centered);
-      std::fill(dg.begin(), dg.end(), 0.0);
-      std::fill(db.begin(), db.end(), 0.0);
-      for (int64_t r = g * rpg; r < (g + 1) * rpg; ++r) {
-        const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
-        const T* x = static_cast<const T*>(a.x) + r * H;
-        const T* dy = static_cast<const T*>(a.dy) + r * H;
-        for (int64_t i = 0; i < H; ++i) {
-          d[i] = to_float(dy[i]);
-          xhat[i] = (to_float(x[i]) - mean) * rstd;
-          gdy[i] = d[i] * scale[i];
+      std::fill(part.begin(), part.end(), 0.0);
+      run_chunks(pool, blocks, chunks, [&](int64_t, int64_t b0, int64_t b1) {
+        std::vector<float> xhat(H), d(H), gdy(H), scale(H);
+        fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + g * H : nullptr, H, a.zero_centered);
+        for (int64_t b = b0; b < b1; ++b) {
+          double* dg = a.dgamma ? part.data() + b * outs * H : nullptr;
+          double* db = a.dbeta ? part.data() + (b * outs + outs - 1) * H : nullptr;
+          for (int64_t r = g * rpg + rpg * b / blocks; r < g * rpg + rpg * (b + 1) / blocks; ++r) {
+            const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+            const T* x = static_cast<const T*>(a.x) + r * H;
+            const T* dy = static_cast<const T*>(a.dy) + r * H;
+            for (int64_t i = 0; i < H; ++i) {
+              d[i] = to_float(dy[i]);
+              xhat[i] = (to_float(x[i]) - mean) * rstd;
+              gdy[i] = d[i] * scale[i];
+            }
+            float c1, c2 = 0.f;
+            if (a.coef) {
+              c1 = a.coef[2 * r];
+              if constexpr (K == NormKind::kLayer) c2 = a.coef[2 * r + 1];
+            } else {
+              c1 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]) * xhat[i]; }) /
+                                      static_cast<double>(H));
+              if constexpr (K == NormKind::kLayer)
+                c2 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }) /
+                                        static_cast<double>(H));
+            }
+            if (dg) {
+              for (int64_t i = 0; i < H; ++i) dg[i] += static_cast<double>(d[i]) * xhat[i];
+            }
+            if (db) {
+              for (int64_t i = 0; i < H; ++i) db[i] += d[i];
+            }
+            T* dx = static_cast<T*>(a.dx) + r * H;
+            if (a.dh) {
+              const T* dh = static_cast<const T*>(a.dh) + r * H;
+              for (int64_t i = 0; i < H; ++i)
+                dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1) + to_float(dh[i]));
+            } else {
+              for (int64_t i = 0; i < H; ++i) dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
+            }
+          }
         }
-        float c1, c2 = 0.f;
-        if (a.coef) {
-          c1 = a.coef[2 * r];
-          if constexpr (K == NormKind::kLayer) c2 = a.coef[2 * r + 1];
-        } else {
-          c1 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]) * xhat[i]; }) /
-                                  static_cast<double>(H));
-          if constexpr (K == NormKind::kLayer)
-            c2 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }) /
-                                    static_cast<double>(H));
-        }
-        // Column sums: each column's in row order.
-        if (a.dgamma) {
-          for (int64_t i = 0; i < H; ++i) dg[i] += static_cast<double>(d[i]) * xhat[i];
-        }
-        if (a.dbeta) {
-          for (int64_t i = 0; i < H; ++i) db[i] += d[i];
-        }
-        T* dx = static_cast<T*>(a.dx) + r * H;
-        if (a.dh) {
-          const T* dh = static_cast<const T*>(a.dh) + r * H;
-          for (int64_t i = 0; i < H; ++i) dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1) + to_float(dh[i]));
-        } else {
-          for (int64_t i = 0; i < H; ++i) dx[i] = from_float<T>(rstd * (gdy[i] - c2 - xhat[i] * c1));
-        }
+      });
+      // The blocks' column sums, added in block order into block 0's.
+      for (int64_t b = 1; b < blocks; ++b) {
+        for (int64_t k = 0; k < outs * H; ++k) part[k] += part[b * outs * H + k];
       }
-      for (int64_t i = 0; i < H; ++i) {
-        if (a.dgamma) static_cast<P*>(a.dgamma)[g * H + i] = from_float<P>(static_cast<float>(dg[i]));
-        if (a.dbeta) static_cast<P*>(a.dbeta)[g * H + i] = from_float<P>(static_cast<float>(db[i]));
+      for (int o = 0; o < outs; ++o) {
+        P* dst = static_cast<P*>(o == 0 && a.dgamma ? a.dgamma : a.dbeta) + g * H;
+        for (int64_t i = 0; i < H; ++i) dst[i] = from_float<P>(static_cast<float>(part[o * H + i]));
       }
     }
     return ffi::Error::Success();
   }
 
   template <NormKind K, class T>
-  static ffi::Error stats(const StatsArgs& a) {
+  static ffi::Error stats(ffi::ThreadPool& pool, const StatsArgs& a) {
     const int64_t H = a.shape.hidden;
-    for (int64_t r = 0; r < a.shape.rows; ++r) {
+    run_chunks(pool, a.shape.rows, chunk_count(pool, a.shape.rows, row_grain(H)), [&](int64_t, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
       const T* x = static_cast<const T*>(a.x) + r * H;
       double mean = 0.0;
       if constexpr (K == NormKind::kLayer) {
@@ -357,16 +456,18 @@ struct CpuBackend {
       } else {
         a.out[r] = static_cast<float>(ss);
       }
-    }
+      }
+    });
     return ffi::Error::Success();
   }
 
   template <NormKind K, class T, class P>
-  static ffi::Error grad_stats(const StatsArgs& a) {
+  static ffi::Error grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+    run_chunks(pool, a.shape.rows, chunk_count(pool, a.shape.rows, row_grain(H)), [&](int64_t, int64_t r0, int64_t r1) {
     std::vector<float> gdy(H), scale(H);
     int64_t params_of = -1;
-    for (int64_t r = 0; r < a.shape.rows; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       if (r / rpg != params_of) {
         params_of = r / rpg;
         fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + params_of * H : nullptr, H, a.zero_centered);
@@ -380,6 +481,7 @@ struct CpuBackend {
       }));
       a.out[2 * r + 1] = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }));
     }
+    });
     return ffi::Error::Success();
   }
 };
@@ -387,8 +489,13 @@ struct CpuBackend {
 }  // namespace
 }  // namespace jrn
 
-JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
-JRN_DEFINE_DIST_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
-JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind(), , );
+// The CPU handlers take XLA's intra-op thread pool (see run_chunks).
+#define JRN_COMMA ,
+JRN_DEFINE_NORM_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::ThreadPool>(),
+                         ::xla::ffi::ThreadPool pool JRN_COMMA, pool JRN_COMMA);
+JRN_DEFINE_DIST_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::ThreadPool>(),
+                         ::xla::ffi::ThreadPool pool JRN_COMMA, pool JRN_COMMA);
+JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::ThreadPool>(),
+                          ::xla::ffi::ThreadPool pool JRN_COMMA, pool JRN_COMMA);
 
 JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu)
