@@ -190,7 +190,16 @@ void run_chunks(ffi::ThreadPool& pool, int64_t n, int64_t chunks, const Body& bo
 
 // Rows a chunk of the row-parallel passes gets at least: about 64K elements,
 // so that handing it to another thread costs little against its work.
-inline int64_t row_grain(int64_t hidden) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(hidden, 1)); }
+inline int64_t row_grain(int64_t hidden) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(hidden, 1));
+}
+
+// body(r0, r1) for consecutive chunks of rows [0, rows), run in parallel.
+template <class Body>
+void for_row_chunks(ffi::ThreadPool& pool, int64_t rows, int64_t hidden, const Body& body) {
+  run_chunks(pool, rows, chunk_count(pool, rows, row_grain(hidden)),
+             [&](int64_t, int64_t r0, int64_t r1) { body(r0, r1); });
+}
 
 struct CpuBackend {
   using Bf16 = bf16_t;
@@ -439,23 +448,23 @@ struct CpuBackend {
   template <NormKind K, class T>
   static ffi::Error stats(ffi::ThreadPool& pool, const StatsArgs& a) {
     const int64_t H = a.shape.hidden;
-    run_chunks(pool, a.shape.rows, chunk_count(pool, a.shape.rows, row_grain(H)), [&](int64_t, int64_t r0, int64_t r1) {
+    for_row_chunks(pool, a.shape.rows, H, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-      const T* x = static_cast<const T*>(a.x) + r * H;
-      double mean = 0.0;
-      if constexpr (K == NormKind::kLayer) {
-        mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(to_float(x[i])); }) / static_cast<double>(H);
-      }
-      const double ss = sum_f64(H, [&](int64_t i) {
-        const double v = to_float(x[i]) - mean;
-        return v * v;
-      });
-      if constexpr (K == NormKind::kLayer) {
-        a.out[2 * r] = static_cast<float>(mean);
-        a.out[2 * r + 1] = static_cast<float>(ss);
-      } else {
-        a.out[r] = static_cast<float>(ss);
-      }
+        const T* x = static_cast<const T*>(a.x) + r * H;
+        double mean = 0.0;
+        if constexpr (K == NormKind::kLayer) {
+          mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(to_float(x[i])); }) / static_cast<double>(H);
+        }
+        const double ss = sum_f64(H, [&](int64_t i) {
+          const double v = to_float(x[i]) - mean;
+          return v * v;
+        });
+        if constexpr (K == NormKind::kLayer) {
+          a.out[2 * r] = static_cast<float>(mean);
+          a.out[2 * r + 1] = static_cast<float>(ss);
+        } else {
+          a.out[r] = static_cast<float>(ss);
+        }
       }
     });
     return ffi::Error::Success();
@@ -464,23 +473,23 @@ struct CpuBackend {
   template <NormKind K, class T, class P>
   static ffi::Error grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
-    run_chunks(pool, a.shape.rows, chunk_count(pool, a.shape.rows, row_grain(H)), [&](int64_t, int64_t r0, int64_t r1) {
-    std::vector<float> gdy(H), scale(H);
-    int64_t params_of = -1;
-    for (int64_t r = r0; r < r1; ++r) {
-      if (r / rpg != params_of) {
-        params_of = r / rpg;
-        fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + params_of * H : nullptr, H, a.zero_centered);
+    for_row_chunks(pool, a.shape.rows, H, [&](int64_t r0, int64_t r1) {
+      std::vector<float> gdy(H), scale(H);
+      int64_t params_of = -1;
+      for (int64_t r = r0; r < r1; ++r) {
+        if (r / rpg != params_of) {
+          params_of = r / rpg;
+          fill_scale(scale, a.gamma ? static_cast<const P*>(a.gamma) + params_of * H : nullptr, H, a.zero_centered);
+        }
+        const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+        const T* x = static_cast<const T*>(a.x) + r * H;
+        const T* dy = static_cast<const T*>(a.dy) + r * H;
+        for (int64_t i = 0; i < H; ++i) gdy[i] = to_float(dy[i]) * scale[i];
+        a.out[2 * r] = static_cast<float>(sum_f64(H, [&](int64_t i) {
+          return static_cast<double>(gdy[i]) * ((to_float(x[i]) - mean) * rstd);
+        }));
+        a.out[2 * r + 1] = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }));
       }
-      const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
-      const T* x = static_cast<const T*>(a.x) + r * H;
-      const T* dy = static_cast<const T*>(a.dy) + r * H;
-      for (int64_t i = 0; i < H; ++i) gdy[i] = to_float(dy[i]) * scale[i];
-      a.out[2 * r] = static_cast<float>(sum_f64(H, [&](int64_t i) {
-        return static_cast<double>(gdy[i]) * ((to_float(x[i]) - mean) * rstd);
-      }));
-      a.out[2 * r + 1] = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }));
-    }
     });
     return ffi::Error::Success();
   }
