@@ -120,14 +120,19 @@ inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 // have no branch on the parameters' presence or kind.
 template <class P>
 void fill_scale(std::vector<float>& out, const P* gamma, int64_t H, bool zero_centered) {
-  for (int64_t i = 0; i < H; ++i) {
-    const float g = gamma ? to_float(gamma[i]) : 0.f;
-    out[i] = !gamma ? 1.f : zero_centered ? g + 1.f : g;
+  if (!gamma) {
+    std::fill(out.begin(), out.begin() + H, 1.f);
+    return;
   }
+  for (int64_t i = 0; i < H; ++i) out[i] = zero_centered ? to_float(gamma[i]) + 1.f : to_float(gamma[i]);
 }
 template <class P>
 void fill_shift(std::vector<float>& out, const P* beta, int64_t H) {
-  for (int64_t i = 0; i < H; ++i) out[i] = beta ? to_float(beta[i]) : 0.f;
+  if (!beta) {
+    std::fill(out.begin(), out.begin() + H, 0.f);
+    return;
+  }
+  for (int64_t i = 0; i < H; ++i) out[i] = to_float(beta[i]);
 }
 
 // sum over i in [0, n) of term(i), in float64: eight interleaved partial sums
