@@ -34,6 +34,11 @@ struct NormShape {
   int64_t hidden = 0;
   int64_t groups = 1;
   JRN_HOST_DEVICE int64_t rows_per_group() const { return groups > 0 ? rows / groups : 0; }
+  // Offset of `row`'s gamma/beta (groups > 1: vmapped parameters); one group
+  // costs no 64-bit division.
+  JRN_HOST_DEVICE int64_t param_offset(int64_t row) const {
+    return groups == 1 ? 0 : (row / rows_per_group()) * hidden;
+  }
 };
 
 inline bool is_float_type(ffi::DataType t) {

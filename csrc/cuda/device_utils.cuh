@@ -352,6 +352,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
   JRN_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                         ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory"));
 }
+// ---- Per-thread asynchronous copies global -> shared (sm_80+): 16 bytes,
+// both addresses 16-byte aligned. After cp_async_wait_all the thread sees
+// its own copies (other threads' only after a barrier).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Orders this thread's earlier shared-memory accesses (and, after a barrier,
 // the CTA's) before later bulk copies into the same bytes.
 __device__ __forceinline__ void fence_async_smem() {
@@ -425,6 +433,30 @@ __device__ __forceinline__ void scale_shift(float (&v)[N], float mean, float rst
   if (beta) {
     float b[N];
     load_pack<N>(beta + col, b);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] += b[j];
+  }
+}
+
+// scale_shift with gamma/beta of the N columns already at hand, as stored
+// (null: scale 1 / no shift).
+template <int N, class P>
+__device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, float rstd, const Pack<P, N>* gamma,
+                                                  const Pack<P, N>* beta, bool zero_centered) {
+  float s[N];
+  if (gamma) {
+    unpack(*gamma, s);
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] += zero_centered ? 1.f : 0.f;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = 1.f;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd * s[j];
+  if (beta) {
+    float b[N];
+    unpack(*beta, b);
 #pragma unroll
     for (int j = 0; j < N; ++j) v[j] += b[j];
   }
@@ -530,18 +562,23 @@ __device__ __forceinline__ void cluster_done() {
   JRN_SM90(cooperative_groups::this_cluster().sync());
 }
 
-// Whether the current device runs thread block clusters (compute capability
-// 9.0 or newer). Asked once per device.
-inline bool has_clusters() {
-  static int major[64] = {};
+// An attribute of the current device, asked once per device (-1 where it
+// cannot be read).
+template <cudaDeviceAttr A>
+inline int device_attribute() {
+  static int cache[64] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (major[dev] == 0) {
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return -1;
+  if (cache[dev] == 0) {
     int v = 0;
-    major[dev] = cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess ? v : -1;
+    cache[dev] = cudaDeviceGetAttribute(&v, A, dev) == cudaSuccess && v > 0 ? v : -1;
   }
-  return major[dev] >= 9;
+  return cache[dev];
 }
+
+// Whether the current device runs thread block clusters (compute capability
+// 9.0 or newer).
+inline bool has_clusters() { return device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9; }
 
 // A launch configuration with thread block clusters of `cluster` CTAs along x.
 struct ClusterLaunch {

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   const bool valid = row < a.shape.rows;
   const T* x = static_cast<const T*>(a.x) + row * H;
   const T* dy = static_cast<const T*>(a.dy) + row * H;
-  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + (row / a.shape.rows_per_group()) * H
+  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row)
                                     : nullptr;
   const float rstd = valid ? a.rstd[row] : 0.f;
   const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
