@@ -810,17 +810,19 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
     if constexpr (Q == Quant::kNone && !XQ && sizeof(P) * VEC == 16) {
       // Parameters staged in shared memory (see fwd_regs) when the CTAs are
-      // few (decode-time row counts: at most a quarter of the SMs busy).
-      // Measured on an H100, bf16, latency per norm: 16x4096 RMSNorm 3.5 ->
-      // 3.0 us, LayerNorm 4.8 -> 3.8; at 256 rows (128-256 CTAs) staging was
-      // slower (RMSNorm 256x4096 4.0 -> 5.0 us), and with float32 parameters
-      // for bf16 x (two copies a pack) mixed (16x4096: RMSNorm 3.5 -> 3.9,
-      // LayerNorm 4.8 -> 4.4): neither is staged.
+      // few (decode-time row counts: at most half as many CTAs as SMs).
+      // Nsight Compute on an H100, bf16, caches warm, the kernel's time:
+      // 8 CTAs (16x4096) RMSNorm 4.35 -> 4.13 us, LayerNorm 5.60 -> 4.99;
+      // 64 CTAs (64x8192) 4.51 -> 4.32 and 5.95 -> 5.28; but 128 CTAs
+      // (256x4096) 4.74 -> 5.92 and 6.14 -> 6.27, 256 CTAs slower still.
+      // float32 parameters for bf16 x (two copies a pack) were mixed
+      // (latency at 16x4096: RMSNorm 3.5 -> 3.9 us, LayerNorm 4.8 -> 4.4)
+      // and are not staged.
       const bool has_beta = K == NormKind::kLayer && a.beta;
       const size_t bytes = (has_beta ? 2 : 1) * kRegItems * sizeof(P) * VEC * static_cast<size_t>(tpr * rpb);
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
       if ((a.gamma || has_beta) && tpr * rpb <= kStageThreads && bytes <= kStageMaxBytes && sms > 0 &&
-          blocks * 4 <= sms) {
+          blocks * 2 <= sms) {
         fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), bytes, stream>>>(a, 1);
         return check_launch("fwd_regs (staged parameters)");
       }
