@@ -178,6 +178,8 @@ __global__ void __launch_bounds__(STAGE ? kStageThreads : Q == Quant::kNone ? kM
   };
   if constexpr (STAGE) {
     static_assert(kChunks > 0 && sizeof(P) * VEC % 16 == 0, "fwd_regs: staged parameters need whole 16-byte copies");
+    // gamma/beta are derived here and again after the reductions: derived
+    // once before them for both uses, they cost the unstaged kernels spills.
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
     const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
