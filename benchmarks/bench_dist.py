@@ -2,9 +2,10 @@
 
 For each layout, the norm of a global (rows, hidden) bf16 array under jit with
 NamedSharding over all visible devices: the forward (y and rstd), the backward
-from the saved rstd (dx, dgamma), and both in one program; ours against XLA's
-own partitioning of the jnp version, both checked against the unsharded
-result first:
+from the saved rstd (dx, dgamma), both in one program with dy an input, and
+both in one program with dy coming back through a matmul (the gradients of
+sum((norm(x) @ w) * c), as in a model); ours against XLA's own partitioning of
+the jnp version, both checked against the unsharded result first:
 
   rows    x sharded over its rows (data/sequence parallel)
   hidden  x sharded over its hidden dim (tensor parallel over hidden)
@@ -39,6 +40,19 @@ def step(norm):
         dx, dg = vjp(dy)
         return y, dx, dg
     return jax.jit(run)
+
+
+def layer_step(norm):
+    """Gradients (x, gamma, w) of sum(c * z^2) / 2, z = norm(x, g) @ w, in one
+    program: dy = (c * z) @ w^T reaches the norm's backward through the
+    matmul and depends on the forward's y, as from the layers above in a
+    model. (With dy an input of the program, or a loss linear in z, dy is
+    known before the forward runs, and XLA fuses the forward's passes with
+    the backward's row sums, which a model's training step cannot.)"""
+    def loss(x, g, w, c):
+        z = jnp.dot(norm(x, g), w, preferred_element_type=jnp.float32)
+        return 0.5 * jnp.sum(c * z * z)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
 def jnp_rms_fwd(x, g, eps=1e-6):
@@ -156,6 +170,12 @@ def main():
     want_fwd = ours_fb[0](xs[0], g)
     want_bwd = ours_fb[1](dys[0], xs[0], want_fwd[1], g)
 
+    K = 128  # columns of the matmul after the norm in the layer_step rows
+    w = (jax.random.normal(keys[5], (H, K), jnp.float32) / np.sqrt(H)).astype(dt)
+    c = jax.random.normal(jax.random.fold_in(keys[5], 1), (M, K), jnp.float32)
+    ours_layer, xla_layer = layer_step(lambda x, g: jrn.rms_norm(x, g)), layer_step(jnp_rms)
+    want_layer = ours_layer(xs[0], g, w, c)
+
     print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
     print("|---|---|---|---|---|---|")
     for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
@@ -168,6 +188,9 @@ def main():
             "fwd": (ours_fb[0], xla_fb[0], [(x, g) for x, g, _ in sets], want_fwd),
             "bwd": (ours_fb[1], xla_fb[1], [(dy, x, rstd, g) for x, g, dy in sets], want_bwd),
             "fwd+bwd, one program": (ours, xla, sets, want),
+            f"fwd+bwd with a matmul (x {K})": (
+                ours_layer, xla_layer,
+                [(x, g, put(w, P(spec[1], None)), put(c, P(spec[0], None))) for x, g, _ in sets], want_layer),
         }
         for part, (f_ours, f_xla, arg_sets, ref) in parts.items():
             times = {}
