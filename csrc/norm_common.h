@@ -157,6 +157,8 @@ struct FwdArgs {
   Fp8 x_fmt = Fp8::kE4M3;
   const float* x_scale = nullptr;
   int64_t x_group = 0;
+  // One amax per tensor is taken over all rows (given or current scaling).
+  JRN_HOST_DEVICE bool tensor_amax() const { return quant == Quant::kTensor || quant == Quant::kCurrent; }
 };
 
 struct BwdArgs {

@@ -113,7 +113,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   a->y = y.untyped_data();
   if (!(scale_ub > 0.f)) return ffi::Error::InvalidArgument("jax_rmsnorm: scale_ub must be > 0");
   a->scale_ub = scale_ub;
-  if (a->quant == Quant::kTensor || a->quant == Quant::kCurrent) {
+  if (a->tensor_amax()) {
     // kCurrent reads no scale: its placeholder's size is the tensor count.
     const int64_t tensors = static_cast<int64_t>(scale.element_count());
     if (scale.element_type() != F32 || tensors < 1 || a->shape.rows % tensors != 0)
@@ -187,7 +187,7 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
                                   group_size, scale_ub, x_group, &a);                           \
         e.failure())                                                                            \
       return e;                                                                                 \
-    if (a.shape.rows == 0 && a.quant != Quant::kTensor && a.quant != Quant::kCurrent)           \
+    if (a.shape.rows == 0 && !a.tensor_amax())                                                  \
       return ::xla::ffi::Error::Success();                                                      \
     const AnyBuffer& xt = typed_input(x, y);                                                    \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \

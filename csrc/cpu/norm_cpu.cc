@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 
@@ -150,6 +151,15 @@ inline double sum_f64(int64_t n, F term) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// A row's gradient sums in float64: sum(gdy * xhat) and, with `with_gdy`,
+// sum(gdy); xhat(i) is the row's i-th normalized element. The backward's
+// coefficients are these over the hidden size; grad_stats writes them.
+template <class XHat>
+inline std::pair<double, double> grad_row_sums(const std::vector<float>& gdy, XHat xhat, int64_t H, bool with_gdy) {
+  return {sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]) * xhat(i); }),
+          with_gdy ? sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }) : 0.0};
+}
+
 // ---- Work split over XLA's intra-op thread pool.
 
 // How many chunks [0, n) is split into: chunks of at least `grain` items, at
@@ -236,7 +246,7 @@ struct CpuBackend {
     if (a.x_fp8) {
       for (int c = 0; c < 256; ++c) fp8_value[c] = from_fp8(static_cast<uint8_t>(c), a.x_fmt);
     }
-    const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
+    const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
     // Rows are split into chunks run in parallel; a per-tensor amax is merged
     // per chunk, then over the chunks.
     const int64_t chunks = chunk_count(pool, a.shape.rows, row_grain(H));
@@ -267,7 +277,7 @@ struct CpuBackend {
                        float* amax) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
-    const bool current = a.quant == Quant::kCurrent, per_tensor = a.quant == Quant::kTensor || current;
+    const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
     const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
     std::vector<float> row(H), out(H), scale(H), shift(H);
     int64_t params_of = -1;  // the parameter group that scale/shift hold
@@ -415,11 +425,9 @@ struct CpuBackend {
               c1 = a.coef[2 * r];
               if constexpr (K == NormKind::kLayer) c2 = a.coef[2 * r + 1];
             } else {
-              c1 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]) * xhat[i]; }) /
-                                      static_cast<double>(H));
-              if constexpr (K == NormKind::kLayer)
-                c2 = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }) /
-                                        static_cast<double>(H));
+              const auto [s1, s2] = grad_row_sums(gdy, [&](int64_t i) { return xhat[i]; }, H, K == NormKind::kLayer);
+              c1 = static_cast<float>(s1 / static_cast<double>(H));
+              c2 = static_cast<float>(s2 / static_cast<double>(H));
             }
             if (dg) {
               for (int64_t i = 0; i < H; ++i) dg[i] += static_cast<double>(d[i]) * xhat[i];
@@ -490,10 +498,9 @@ struct CpuBackend {
         const T* x = static_cast<const T*>(a.x) + r * H;
         const T* dy = static_cast<const T*>(a.dy) + r * H;
         for (int64_t i = 0; i < H; ++i) gdy[i] = to_float(dy[i]) * scale[i];
-        a.out[2 * r] = static_cast<float>(sum_f64(H, [&](int64_t i) {
-          return static_cast<double>(gdy[i]) * ((to_float(x[i]) - mean) * rstd);
-        }));
-        a.out[2 * r + 1] = static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(gdy[i]); }));
+        const auto [s1, s2] = grad_row_sums(gdy, [&](int64_t i) { return (to_float(x[i]) - mean) * rstd; }, H, true);
+        a.out[2 * r] = static_cast<float>(s1);
+        a.out[2 * r + 1] = static_cast<float>(s2);
       }
     });
     return ffi::Error::Success();
