@@ -4,8 +4,9 @@ For each layout, the norm of a global (rows, hidden) bf16 array under jit with
 NamedSharding over all visible devices: the forward (y and rstd), the backward
 from the saved rstd (dx, dgamma), both in one program with dy an input, and
 both in one program with dy coming back through a matmul (the gradients of
-sum((norm(x) @ w) * c), as in a model); ours against XLA's own partitioning of
-the jnp version, both checked against the unsharded result first:
+sum(c * z^2) / 2, z = norm(x) @ w, as in a model); ours against XLA's own
+partitioning of the jnp version, both checked against the unsharded result
+first:
 
   rows    x sharded over its rows (data/sequence parallel)
   hidden  x sharded over its hidden dim (tensor parallel over hidden)
