@@ -173,6 +173,7 @@ struct BwdArgs {
   void* dbeta = nullptr;   // null: not wanted
   // CUDA only: float32 partial sums of dgamma/dbeta, `slots` rows per group of
   // `param_outputs * hidden` floats, reduced in a fixed order by a second pass.
+  // Null with dgamma/dbeta wanted: a column kernel sums them from x and dy.
   float* workspace = nullptr;
   int64_t slots = 0;
   bool zero_centered = false;
@@ -329,7 +330,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
     }                                                                                           \
     if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
     const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
-    a.workspace = per_slot > 0 ? ws : nullptr;                                                  \
+    a.workspace = per_slot > 0 && ws_floats > 0 ? ws : nullptr;                                 \
     a.slots = per_slot > 0 ? ws_floats / per_slot : 0;                                          \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
         x.element_type(), has_gamma ? gamma.element_type() : dgamma.element_type(),             \

@@ -373,6 +373,9 @@ norm_bwd_p.multiple_results = True
 # one row of partials each), per parameter group.
 _SLOT_FLOATS = 1 << 24
 _MAX_SLOTS = 4096
+# Groups of at most this many rows get no slots: a second kernel (bwd_columns)
+# sums dgamma/dbeta straight from x and dy.
+_COLUMN_ROWS = 512
 
 
 def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta,
@@ -406,8 +409,8 @@ def _bwd_abstract(dy, x, *rest, kind, has_coef, has_dh, **_):
 
 
 def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
-    """How many partial-sum rows the CUDA backward gets for dgamma/dbeta."""
-    if param_outputs == 0 or hidden == 0:
+    """How many partial-sum rows the CUDA backward gets for dgamma/dbeta (0: none)."""
+    if param_outputs == 0 or hidden == 0 or rows_per_group <= _COLUMN_ROWS:
         return 0
     slots = max(1, min(_SLOT_FLOATS // (param_outputs * hidden), _MAX_SLOTS))
     return max(1, min(slots, rows_per_group))

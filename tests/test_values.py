@@ -104,6 +104,30 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
     _check(kind, dtype, shape, platform, dtype, False, kind == "layer", hash((kind, shape)) % 1000)
 
 
+# The CUDA backward sums dgamma/dbeta one of two ways: groups of at most
+# _COLUMN_ROWS rows in a column kernel straight from x and dy, larger ones
+# through per-slot partial rows. Each shape here runs both ways, one kernel
+# family per shape (registers, staged slices, a cluster, streamed, unaligned),
+# with row counts that leave the column kernel's loops a partial tail.
+BOTH_PATHS = [(300, 1024), (300, 8192), (100, 65536), (20, 262144), (40, 40001), (300, 127), (7, 3, 4096)]
+
+
+@pytest.mark.parametrize("shape", BOTH_PATHS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("path", ["columns", "slots"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
+    from jax_rmsnorm import _primitives
+    monkeypatch.setattr(_primitives, "_COLUMN_ROWS", 1 << 30 if path == "columns" else 0)
+    jax.clear_caches()
+    try:
+        for dtype, zc in ((jnp.bfloat16, False), (jnp.float32, True)):
+            _check(kind, dtype, shape, platform, jnp.float32 if zc else dtype, zc, kind == "layer",
+                   hash((kind, shape, zc)) % 1000)
+    finally:
+        jax.clear_caches()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_explicit_bwd_matches_grad(kind, platform):
     x = random(1, (6, 33), jnp.bfloat16)

@@ -17,6 +17,9 @@
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its
 // own row of the float32 workspace; bwd_reduce then adds the slots column by
 // column in a fixed order. The result is bitwise reproducible run to run.
+// Groups of few rows get no workspace: bwd_columns, launched after the dx
+// kernel, sums dgamma/dbeta column by column from x and dy, also in a fixed
+// order.
 //
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat), c2 = mean(gdy) of the whole row from it.
@@ -413,6 +416,72 @@ __global__ void __launch_bounds__(kReduceLanes* kReduceSplit) bwd_reduce(BwdArgs
   store_pack<CV>(static_cast<P*>(dst) + blockIdx.y * H + col, total);
 }
 
+// dgamma/dbeta straight from x and dy, for groups of few rows (the caller
+// passes no workspace; see cuda_slots in _primitives.py). Each CTA owns
+// kColLanes packs of columns; its kColSplit rows of threads take every
+// kColSplit-th row, kColUnroll rows' loads in flight at once, and the CTA adds
+// its rows of threads in shared memory, in a fixed order. At decode-time row
+// counts this replaces the slots' float32 partials, as large as the gradient
+// itself when every row is its own slot, and the one or two reduction passes
+// over them.
+constexpr int kColLanes = 8, kColSplit = 32, kColUnroll = 8;
+
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
+  constexpr int kCols = kColLanes * VEC;  // the CTA's columns
+  __shared__ float part[2][kColSplit][kCols];
+  const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * rpg;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
+  const int64_t col = col0 + threadIdx.x * VEC;
+  float dg[VEC] = {}, db[VEC] = {};
+  if (col < H) {
+    for (int64_t r0 = threadIdx.y; r0 < rpg; r0 += kColSplit * kColUnroll) {
+      // Raw packs in flight, widened one row at a time (fewer registers).
+      Pack<T, VEC> px[kColUnroll], pd[kColUnroll];
+      float mean[kColUnroll], rstd[kColUnroll];
+#pragma unroll
+      for (int u = 0; u < kColUnroll; ++u) {
+        const int64_t r = r0 + u * kColSplit;
+        rstd[u] = mean[u] = 0.f;
+        px[u] = pd[u] = Pack<T, VEC>{};
+        if (r < rpg) {
+          const int64_t idx = (row0 + r) * H + col;
+          px[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.x) + idx);
+          pd[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.dy) + idx);
+          rstd[u] = a.rstd[row0 + r];
+          if constexpr (K == NormKind::kLayer) mean[u] = a.mean[row0 + r];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kColUnroll; ++u) {
+        float xv[VEC], d[VEC];
+        unpack(px[u], xv);
+        unpack(pd[u], d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          dg[j] += d[j] * ((xv[j] - mean[u]) * rstd[u]);
+          if constexpr (K == NormKind::kLayer) db[j] += d[j];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    part[0][threadIdx.y][threadIdx.x * VEC + j] = dg[j];
+    part[1][threadIdx.y][threadIdx.x * VEC + j] = db[j];
+  }
+  __syncthreads();
+  // One thread a column and output: the rows of threads in order.
+  const int t = threadIdx.y * kColLanes + threadIdx.x, c = t % kCols, out = t / kCols;
+  void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
+  if (out >= a.param_outputs() || col0 + c >= H) return;
+  float total = 0.f;
+#pragma unroll 8
+  for (int k = 0; k < kColSplit; ++k) total += part[out == 0 && a.dgamma ? 0 : 1][k][c];
+  static_cast<P*>(dst)[blockIdx.y * H + col0 + c] = from_float<P>(total);
+}
+
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
 template <class P, int CV>
 ffi::Error reduce_slots(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
@@ -463,7 +532,8 @@ template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
-  // Without dgamma/dbeta there is no workspace; pick a slot count freely.
+  // Without a workspace (no dgamma/dbeta, or few rows: bwd_columns sums them),
+  // pick a slot count freely.
   const int64_t slots = a.workspace ? a.slots : std::min<int64_t>(rpg, 4096);
   if (slots < 1) return ffi::Error::InvalidArgument("jax_rmsnorm: backward workspace is missing");
   SlotLayout l{slots, slots};
@@ -484,7 +554,14 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
                                kStreamThreads, 0, stream>>>(a, l);
     JRN_RETURN_IF_ERROR(check_launch("bwd_stream"));
   }
-  if (!a.workspace || a.param_outputs() == 0) return ffi::Error::Success();
+  if (a.param_outputs() == 0) return ffi::Error::Success();
+  if (!a.workspace) {
+    const int64_t tiles = (nvec + kColLanes - 1) / kColLanes;
+    if (tiles > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: hidden size too large");
+    bwd_columns<K, T, P, VEC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
+                                dim3(kColLanes, kColSplit), 0, stream>>>(a);
+    return check_launch("bwd_columns");
+  }
   const bool aligned = a.shape.hidden % 4 == 0 && aligned16(a.workspace) && (!a.dgamma || aligned16(a.dgamma)) &&
                        (!a.dbeta || aligned16(a.dbeta));
   return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
