@@ -352,13 +352,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
   JRN_SM90(asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                         ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory"));
 }
-// ---- Per-thread asynchronous copies global -> shared (sm_80+): 16 bytes,
-// both addresses 16-byte aligned. After cp_async_wait_all the thread sees
-// its own copies (other threads' only after a barrier).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Orders this thread's earlier shared-memory accesses (and, after a barrier,
 // the CTA's) before later bulk copies into the same bytes.

@@ -50,11 +50,10 @@ constexpr int kClusterCtaThreads = 512;
 // fit an SM, half the loads in flight of the plain norm).
 constexpr int kQuantRowThreads = 512;
 constexpr int kQuantMinBlocks = 2;
-// fwd_regs with parameters staged in shared memory: at most this many
-// threads per CTA (the register cap that leaves is 128, no spill) and
-// bytes of shared memory (the default limit, no opt-in needed).
-constexpr int kStageThreads = 512;
-constexpr size_t kStageMaxBytes = 48 * 1024;
+// fwd_regs with parameters loaded early (EARLY, below): at most this many
+// threads per CTA (the register cap that leaves is 128; 80-109 registers used
+// for bf16, no spill).
+constexpr int kEarlyThreads = 512;
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -132,8 +131,8 @@ __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float
   }
 }
 
-template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool STAGE = false>
-__global__ void __launch_bounds__(STAGE ? kStageThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
+__global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
                                   Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster) {
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
@@ -164,33 +163,22 @@ __global__ void __launch_bounds__(STAGE ? kStageThreads : Q == Quant::kNone ? kM
       for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
     }
   }
-  // STAGE (launches of a few CTAs: decode-time row counts): each thread
-  // copies its packs' gamma/beta into its own slots of shared memory now, and
-  // reads them back after the reductions. Loaded after the reductions they
-  // wait a round trip per pack, as the compiler does not move a load above
-  // the store of the pack before it (they could alias). Slots are laid out so
-  // that a warp's reads are conflict-free.
-  constexpr int kChunks = sizeof(P) * VEC / 16;  // 16-byte copies per pack
-  extern __shared__ uint4 staged[];  // [gamma, beta][kRegItems][kChunks][threads of the CTA]
-  auto slot = [&](int param, int i, int c) {
-    const int threads = static_cast<int>(blockDim.x * blockDim.y);
-    return staged + ((param * kRegItems + i) * kChunks + c) * threads + threadIdx.y * blockDim.x + threadIdx.x;
-  };
-  if constexpr (STAGE) {
-    static_assert(kChunks > 0 && sizeof(P) * VEC % 16 == 0, "fwd_regs: staged parameters need whole 16-byte copies");
-    // gamma/beta are derived here and again after the reductions: derived
-    // once before them for both uses, they cost the unstaged kernels spills.
+  // EARLY (launches of few CTAs: decode-time row counts; no residual): each
+  // pack's gamma/beta loaded into registers with x, before the reductions.
+  // Loaded after them, next to the stores of y, they wait an L2 round trip per
+  // pack, as the compiler does not move a load above the store of the pack
+  // before it (they could alias). In larger launches the registers this takes
+  // cost occupancy (LayerNorm, 32768x4096: 193 -> 250 us).
+  Pack<P, VEC> pg[kRegItems], pb[kRegItems];
+  if constexpr (EARLY) {
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
     const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
       if (in[i]) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          if (gamma) cp_async16(slot(0, i, c), reinterpret_cast<const uint4*>(gamma + column(i)) + c);
-          if (beta) cp_async16(slot(1, i, c), reinterpret_cast<const uint4*>(beta + column(i)) + c);
-        }
+        if (gamma) pg[i] = *reinterpret_cast<const Pack<P, VEC>*>(gamma + column(i));
+        if (beta) pb[i] = *reinterpret_cast<const Pack<P, VEC>*>(beta + column(i));
       }
     }
   }
@@ -256,18 +244,12 @@ __global__ void __launch_bounds__(STAGE ? kStageThreads : Q == Quant::kNone ? kM
     tensor_scale = a.scale[row / (a.shape.rows / a.tensors)];
     if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
   }
-  if constexpr (STAGE) cp_async_wait_all();
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int col = column(i);
     if (in[i]) {
-      if constexpr (STAGE) {
-        Pack<P, VEC> g, b;
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          if (gamma) reinterpret_cast<uint4*>(&g)[c] = *slot(0, i, c);
-          if (beta) reinterpret_cast<uint4*>(&b)[c] = *slot(1, i, c);
-        }
+      if constexpr (EARLY) {
+        const Pack<P, VEC> g = pg[i], b = pb[i];
         scale_shift_packs<VEC>(v[i], 0.f, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
       } else {
         scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
@@ -810,23 +792,19 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-    if constexpr (Q == Quant::kNone && !XQ && sizeof(P) * VEC == 16) {
-      // Parameters staged in shared memory (see fwd_regs) when the CTAs are
-      // few (decode-time row counts: at most half as many CTAs as SMs).
-      // Nsight Compute on an H100, bf16, caches warm, the kernel's time:
-      // 8 CTAs (16x4096) RMSNorm 4.35 -> 4.13 us, LayerNorm 5.60 -> 4.99;
-      // 64 CTAs (64x8192) 4.51 -> 4.32 and 5.95 -> 5.28; but 128 CTAs
-      // (256x4096) 4.74 -> 5.92 and 6.14 -> 6.27, 256 CTAs slower still.
-      // float32 parameters for bf16 x (two copies a pack) were mixed
-      // (latency at 16x4096: RMSNorm 3.5 -> 3.9 us, LayerNorm 4.8 -> 4.4)
-      // and are not staged.
-      const bool has_beta = K == NormKind::kLayer && a.beta;
-      const size_t bytes = (has_beta ? 2 : 1) * kRegItems * sizeof(P) * VEC * static_cast<size_t>(tpr * rpb);
+    if constexpr (Q == Quant::kNone && !XQ && sizeof(P) == sizeof(T)) {
+      // Parameters loaded early (see fwd_regs) when the CTAs are few: at most
+      // two per SM. Same-run latency on an H100, bf16, us per norm, plain ->
+      // early: 256x8192 RMSNorm 4.7 -> 4.2, LayerNorm 5.8 -> 5.1-5.4;
+      // 512x4096 4.6-4.7 -> 4.1-5.0 and 5.8 -> 5.0; at four CTAs per SM
+      // (512x8192) slower: 5.9 -> 6.8 and 6.9 -> 8.8. Below half the SMs it
+      // replaces parameters staged in shared memory by cp.async (16x4096
+      // LayerNorm 4.0-4.1 -> 3.6-3.7 us). float32 parameters for 16-bit x
+      // were not measured and keep the plain kernel.
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
-      if ((a.gamma || has_beta) && tpr * rpb <= kStageThreads && bytes <= kStageMaxBytes && sms > 0 &&
-          blocks * 2 <= sms) {
-        fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), bytes, stream>>>(a, 1);
-        return check_launch("fwd_regs (staged parameters)");
+      if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
+        fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+        return check_launch("fwd_regs (early parameters)");
       }
     }
     fwd_regs<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
