@@ -249,6 +249,8 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     const int col = column(i);
     if (in[i]) {
       if constexpr (EARLY) {
+        // Copies: passing &pg[i] itself put pg/pb in local memory (stack frames
+        // of up to 256 bytes in the ptxas report).
         const Pack<P, VEC> g = pg[i], b = pb[i];
         scale_shift_packs<VEC>(v[i], 0.f, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
       } else {
