@@ -183,6 +183,10 @@ struct BwdArgs {
   const float* coef = nullptr;
   const void* dh = nullptr;  // fused residual add: dx += dh (x's dtype)
   JRN_HOST_DEVICE int param_outputs() const { return (dgamma ? 1 : 0) + (dbeta ? 1 : 0); }
+  // The wanted parameter gradients in order: output k (< param_outputs()) is
+  // dgamma (which 0) or dbeta (which 1).
+  JRN_HOST_DEVICE int param_which(int k) const { return k == 0 && dgamma ? 0 : 1; }
+  JRN_HOST_DEVICE void* param_output(int k) const { return param_which(k) == 0 ? dgamma : dbeta; }
 };
 
 // Per-row partial statistics of a slice of the hidden dim (the building blocks

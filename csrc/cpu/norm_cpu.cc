@@ -451,7 +451,7 @@ struct CpuBackend {
         for (int64_t k = 0; k < outs * H; ++k) part[k] += part[b * outs * H + k];
       }
       for (int o = 0; o < outs; ++o) {
-        P* dst = static_cast<P*>(o == 0 && a.dgamma ? a.dgamma : a.dbeta) + g * H;
+        P* dst = static_cast<P*>(a.param_output(o)) + g * H;
         for (int64_t i = 0; i < H; ++i) dst[i] = from_float<P>(static_cast<float>(part[o * H + i]));
       }
     }

@@ -495,7 +495,10 @@ __device__ __forceinline__ void warp_sum(float (&v)[M], int width, Op op = {}) {
   }
 }
 
-template <int M, class Op = SumOp>
+// LEAD: only the row's first thread (threadIdx.x == 0) gets the total, the
+// others keep their partials; one barrier instead of two, for kernels that
+// end after the sum (smem is not reused).
+template <int M, class Op = SumOp, bool LEAD = false>
 __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) {
   static_assert(M * kMaxBlockWarps <= kRowSumSmem, "row_sum: scratch too small");
   const int tpr = blockDim.x;
@@ -508,36 +511,19 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
     for (int m = 0; m < M; ++m) mine[(threadIdx.x / 32) * M + m] = v[m];
   }
   __syncthreads();
+  if (LEAD && threadIdx.x != 0) return;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float s = mine[m];
     for (int w = 1; w < warps; ++w) s = op(m, s, mine[w * M + m]);  // same order in every thread
     v[m] = s;
   }
-  __syncthreads();  // smem may be reused right after
+  if (!LEAD) __syncthreads();  // smem may be reused right after
 }
 
-// row_sum for a caller that needs the total in one thread only: the row's
-// first thread (threadIdx.x == 0) gets it, the others keep their partials.
-// One barrier, and only the first thread reads the other warps' sums; for
-// kernels that end after the sum (smem is not reused).
 template <int M>
 __device__ __forceinline__ void row_sum_lead(float (&v)[M], float* smem) {
-  const int tpr = blockDim.x;
-  warp_sum<M>(v, tpr < 32 ? tpr : 32);
-  if (tpr <= 32) return;
-  const int warps = tpr / 32;
-  float* mine = smem + threadIdx.y * warps * M;
-  if (threadIdx.x % 32 == 0) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) mine[(threadIdx.x / 32) * M + m] = v[m];
-  }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int w = 1; w < warps; ++w) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) v[m] += mine[w * M + m];
-  }
+  row_sum<M, SumOp, true>(v, smem);
 }
 
 // ---- Reductions over the CTAs of a thread block cluster (one row split

@@ -412,8 +412,7 @@ __global__ void __launch_bounds__(kReduceLanes* kReduceSplit) bwd_reduce(BwdArgs
     store_pack<CV>(slot_row(a, l, first, out) + col, total);
     return;
   }
-  void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
-  store_pack<CV>(static_cast<P*>(dst) + blockIdx.y * H + col, total);
+  store_pack<CV>(static_cast<P*>(a.param_output(out)) + blockIdx.y * H + col, total);
 }
 
 // dgamma/dbeta straight from x and dy, for groups of few rows (the caller
@@ -469,17 +468,17 @@ __global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     part[0][threadIdx.y][threadIdx.x * VEC + j] = dg[j];
-    part[1][threadIdx.y][threadIdx.x * VEC + j] = db[j];
+    if constexpr (K == NormKind::kLayer) part[1][threadIdx.y][threadIdx.x * VEC + j] = db[j];
   }
   __syncthreads();
   // One thread a column and output: the rows of threads in order.
   const int t = threadIdx.y * kColLanes + threadIdx.x, c = t % kCols, out = t / kCols;
-  void* dst = out == 0 && a.dgamma ? a.dgamma : a.dbeta;
   if (out >= a.param_outputs() || col0 + c >= H) return;
+  const int which = a.param_which(out);
   float total = 0.f;
 #pragma unroll 8
-  for (int k = 0; k < kColSplit; ++k) total += part[out == 0 && a.dgamma ? 0 : 1][k][c];
-  static_cast<P*>(dst)[blockIdx.y * H + col0 + c] = from_float<P>(total);
+  for (int k = 0; k < kColSplit; ++k) total += part[which][k][c];
+  static_cast<P*>(a.param_output(out))[blockIdx.y * H + col0 + c] = from_float<P>(total);
 }
 
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
