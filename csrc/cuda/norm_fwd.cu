@@ -54,6 +54,7 @@ constexpr int kQuantMinBlocks = 2;
 // threads per CTA (the register cap that leaves is 128; 80-109 registers used
 // for bf16, no spill).
 constexpr int kEarlyThreads = 512;
+constexpr int kDecodeThreads = 128;  // target CTA size where the rows are few (below)
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -803,9 +804,20 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // replaces parameters staged in shared memory by cp.async (16x4096
       // LayerNorm 4.0-4.1 -> 3.6-3.7 us). float32 parameters for 16-bit x
       // were not measured and keep the plain kernel.
+      //
+      // Where the rows alone are at most two per SM, CTAs of kDecodeThreads
+      // (one row each from hidden 4096 in bf16), not kBlockThreads: more SMs
+      // loading at once. Same-process latency on an H100, bf16, us per norm,
+      // two CTA rows -> one (hidden 8192 already had one): 16x4096 RMSNorm
+      // 2.9-3.6 -> 2.6, LayerNorm 4.0-4.5 -> 3.3; 64x4096 3.7 -> 2.7 and
+      // 3.8-3.9 -> 3.6; 256x4096 3.2-4.8 -> 3.4 and 4.3-4.7 -> 4.1. Two or four
+      // times the threads per row (fewer packs each) and clusters of 2 or 4
+      // CTAs a row were slower (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us).
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
       if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
-        fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+        const int erpb = a.shape.rows <= 2 * sms ? std::max(1, kDecodeThreads / tpr) : rpb;
+        const int64_t eblocks = (a.shape.rows + erpb - 1) / erpb;
+        fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(eblocks), dim3(tpr, erpb), 0, stream>>>(a, 1);
         return check_launch("fwd_regs (early parameters)");
       }
     }
