@@ -807,12 +807,11 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       //
       // Where the rows alone are at most two per SM, CTAs of kDecodeThreads
       // (one row each from hidden 4096 in bf16), not kBlockThreads: more SMs
-      // loading at once. Same-process latency on an H100, bf16, us per norm,
-      // two CTA rows -> one (hidden 8192 already had one): 16x4096 RMSNorm
-      // 2.9-3.6 -> 2.6, LayerNorm 4.0-4.5 -> 3.3; 64x4096 3.7 -> 2.7 and
-      // 3.8-3.9 -> 3.6; 256x4096 3.2-4.8 -> 3.4 and 4.3-4.7 -> 4.1. Two or four
-      // times the threads per row (fewer packs each) and clusters of 2 or 4
-      // CTAs a row were slower (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us).
+      // loading at once. Latency on an H100, bf16, us per norm, two rows a
+      // CTA -> one: 16x4096 RMSNorm 2.8 -> 2.6, LayerNorm 3.7 -> 3.3; at 64
+      // and 256 rows the same within noise. Two or four times the threads per
+      // row (fewer packs each) and clusters of 2 or 4 CTAs a row were slower
+      // (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us, against 4.1-4.7).
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
       if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
         const int erpb = a.shape.rows <= 2 * sms ? std::max(1, kDecodeThreads / tpr) : rpb;
