@@ -104,11 +104,12 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
     _check(kind, dtype, shape, platform, dtype, False, kind == "layer", hash((kind, shape)) % 1000)
 
 
-# The CUDA backward sums dgamma/dbeta one of two ways: groups of at most
-# _COLUMN_ROWS rows in a column kernel straight from x and dy, larger ones
-# through per-slot partial rows. Each shape here runs both ways, one kernel
-# family per shape (registers, staged slices, a cluster, streamed, unaligned),
-# with row counts that leave the column kernel's loops a partial tail.
+# The CUDA backward sums dgamma/dbeta one of two ways: small groups (at most
+# _COLUMN_ROWS rows and _COLUMN_ELEMS elements) in a column kernel straight
+# from x and dy, larger ones through per-slot partial rows. Each shape here
+# runs both ways, one kernel family per shape (registers, staged slices, a
+# cluster, streamed, unaligned), with row counts that leave the column
+# kernel's loops a partial tail.
 BOTH_PATHS = [(300, 1024), (300, 8192), (100, 65536), (20, 262144), (40, 40001), (300, 127), (7, 3, 4096)]
 
 
@@ -119,6 +120,7 @@ BOTH_PATHS = [(300, 1024), (300, 8192), (100, 65536), (20, 262144), (40, 40001),
 def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
     from jax_rmsnorm import _primitives
     monkeypatch.setattr(_primitives, "_COLUMN_ROWS", 1 << 30 if path == "columns" else 0)
+    monkeypatch.setattr(_primitives, "_COLUMN_ELEMS", 1 << 62 if path == "columns" else 0)
     jax.clear_caches()
     try:
         for dtype, zc in ((jnp.bfloat16, False), (jnp.float32, True)):
@@ -126,6 +128,17 @@ def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
                    hash((kind, shape, zc)) % 1000)
     finally:
         jax.clear_caches()
+
+
+def test_dgamma_path_choice():
+    # Decode-time groups take the column kernel; a group as large as L2 or
+    # larger takes slots (512 x 262144 read x and dy twice from DRAM).
+    from jax_rmsnorm._primitives import cuda_slots
+    assert cuda_slots(16, 4096, 1) == 0
+    assert cuda_slots(512, 8192, 2) == 0
+    assert cuda_slots(512, 262144, 1) > 0
+    assert cuda_slots(513, 1024, 1) > 0
+    assert cuda_slots(4096, 4096, 0) == 0  # no parameter gradient wanted
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       }
     }
   }
-  if (a.residual) {
+  if (!EARLY && a.residual) {  // EARLY launches take no residual
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
       if (in[i]) {
