@@ -14,9 +14,12 @@ amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
 tensor's amax is needed before anything is quantized; ``_t`` adds the
 transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
 norm, forward and backward in one jit (as in a training step), returning y,
-dx and dgamma: the forward's bytes plus the backward's (dy, dh and h read, dx
-written: the gradient of both x and the residual, returned once since it is
-one array); its jnp counterpart is ``jax.vjp`` of the composition. ``fp8in_rms`` / ``fp8in_ln``
+h, dx and dgamma: the forward's bytes plus the backward's (dy, dh and h read,
+dx written: the gradient of both x and the residual, returned once since it
+is one array); its jnp counterpart is ``jax.vjp`` of the composition. h is
+returned because dh is an input: h has a consumer (the next block's residual
+add), so a model writes it. ``--fwdbwd-drop-h`` times the older definition
+without h, where XLA need not write it and recomputes x + r in the backward. ``fp8in_rms`` / ``fp8in_ln``
 normalize an FP8 x with one scale per group of ``--group`` columns into
 ``--dtype`` (``_tensor``: one scale for the tensor): q and the scales read, y
 written; the jnp composition dequantizes and normalizes in one XLA fusion.
@@ -79,7 +82,7 @@ def dequantize(q, s, group):
     return (qf * s[..., None]).reshape(q.shape)
 
 
-def make(op, g, b, fmt, group, zc_scale):
+def make(op, g, b, fmt, group, zc_scale, keep_h=True):
     """(ours, jnp composition, plain norm, kind, uses residual, fp8 mode or None, backward)."""
     kind = "layer" if "ln" in op else "rms"
     residual = op.startswith("add_")
@@ -106,15 +109,16 @@ def make(op, g, b, fmt, group, zc_scale):
             h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
 
-        # (dy, dh, x, r) -> (y, dx, dgamma): forward and backward in one jit,
-        # y an output as in a model (where it feeds the next matmul). The
-        # residual's gradient is the same array as x's (h = x + r): returning
-        # it too would make XLA copy one of the two outputs.
+        # (dy, dh, x, r) -> (y, h, dx, dgamma): forward and backward in one
+        # jit, y and h outputs as in a model (y feeds the next matmul, h the
+        # next residual add, which is where dh comes from). The residual's
+        # gradient is the same array as x's (h = x + r): returning it too
+        # would make XLA copy one of the two outputs.
         def step(norm):
             def f(dy, dh, x, r):
-                (y, _), vjp = jax.vjp(norm, x, r, g)
+                (y, h), vjp = jax.vjp(norm, x, r, g)
                 dx, _, dg = vjp((dy, dh))
-                return y, dx, dg
+                return (y, h, dx, dg) if keep_h else (y, dx, dg)
             return jax.jit(f)
 
         return step(fused), step(comp), plain, kind, residual, mode, True
@@ -192,6 +196,8 @@ def main():
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--fwdbwd-drop-h", action="store_true",
+                    help="*_fwdbwd without h among the outputs (the definition before 2026-11-24)")
     args = ap.parse_args()
     if args.quick:
         args.hidden, args.elements, args.iters, args.reps = [256, 1024], 1 << 14, 2, 2
@@ -218,7 +224,7 @@ def main():
                 if (op.endswith("_group") or op.startswith("fp8in")) and h % args.group:
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
-                                                                      jnp.float32(100.0))
+                                                                      jnp.float32(100.0), not args.fwdbwd_drop_h)
                 if op.startswith("fp8in"):  # FP8 inputs: x quantized per group (or per tensor)
                     mode_in = "current" if op.endswith("_tensor") else "group"
                     sets = [quantize(x.astype(jnp.float32), mode_in, args.fp8, group=args.group) for x in xs]
