@@ -11,13 +11,15 @@ first:
   rows    x sharded over its rows (data/sequence parallel)
   hidden  x sharded over its hidden dim (tensor parallel over hidden)
 
-Then all_reduce_rms_norm (reduce-scatter, normalize, all-gather) against psum
-followed by the norm (ours, and the jnp one), inside shard_map, forward only
-and forward+backward.
+Then all_reduce_rms_norm (by its default method, and reduce-scatter, normalize,
+all-gather) against psum followed by the norm (ours, and the jnp one), inside
+shard_map: forward only, forward+backward, and forward after the row-parallel
+matmul that makes the partial sums.
 
     python benchmarks/bench_dist.py                    # all devices, rows 32768, hidden 8192
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
     python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
+    python benchmarks/bench_dist.py --all-reduce-only
 """
 
 from __future__ import annotations
@@ -131,6 +133,9 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--pieces-only", action="store_true",
                     help="only the per-device kernel table (the slice is hidden / devices wide)")
+    ap.add_argument("--all-reduce-only", action="store_true", help="only the all_reduce_rms_norm table")
+    ap.add_argument("--k-local", type=int, default=1024,
+                    help="each device's share of the contraction dim of the matmul before all_reduce_rms_norm")
     args = ap.parse_args()
 
     devices = jax.devices()
@@ -154,6 +159,9 @@ def main():
     slice_args = (xs[0][:, :H // n], dys[0][:, :H // n], g[:H // n], H, args)
     if args.pieces_only:
         pieces(*slice_args)
+        return
+    if args.all_reduce_only:
+        all_reduce_table(devices, dt, g, H, keys, args)
         return
 
     ours = step(lambda x, g: jrn.rms_norm(x, g))
@@ -206,38 +214,56 @@ def main():
 
     pieces(*slice_args)
 
-    # all_reduce_rms_norm: each device holds a partial sum of the whole (M, H).
+    all_reduce_table(devices, dt, g, H, keys, args)
+
+
+def all_reduce_table(devices, dt, g, H, keys, args):
+    """all_reduce_rms_norm against psum + norm, each device holding a partial
+    sum of the whole (R, H): given as an input ("fwd", "fwd+bwd"), and made
+    in the program by a row-parallel matmul (a @ w, the contraction dim split
+    over the devices), as in a model ("matmul + fwd"). As an input, psum
+    first copies it (an all-reduce works in place and may not overwrite a
+    program input); the matmul's output it reduces where it lies."""
+    n = len(devices)
     mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))
-    R = args.ar_rows
-    parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt),
-                            NamedSharding(mesh, P("model"))) for k in keys[:2]]
+    R, K = args.ar_rows, args.k_local
+    shard = NamedSharding(mesh, P("model"))
+    parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt), shard) for k in keys[:2]]
+    mk = jax.random.split(keys[5], 4)
+    acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
+    ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
+          for k in mk[2:]]
     gr = jax.device_put(g, NamedSharding(mesh, P()))
 
-    def on_mesh(fn):
-        return jax.shard_map(fn, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    def on_mesh(fn, nargs=2):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(P("model"),) * (nargs - 1) + (P(),), out_specs=P("model"))
 
     variants = {
-        "all_reduce_rms_norm": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"),
+        "all_reduce_rms_norm (auto)": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"),
+        "all_reduce_rms_norm (scatter)": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model",
+                                                                              method="scatter"),
         "psum + rms_norm": lambda p, g: jrn.rms_norm(jax.lax.psum(p, "model"), g),
         "psum + jnp norm": lambda p, g: jnp_rms(jax.lax.psum(p, "model"), g),
     }
-    print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H})")
-    print("\n| op | fwd ms | fwd+bwd ms |")
-    print("|---|---|---|")
-    ref = None
+    print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}); "
+          f"matmul + fwd: that partial sum made as ({R}, {K}) @ ({K}, {H}) on each device")
+    print("\n| op | fwd ms | fwd+bwd ms | matmul + fwd ms |")
+    print("|---|---|---|---|")
+    ref = ref_mm = None
     for name, fn in variants.items():
         fwd = jax.jit(on_mesh(fn))
         both = jax.jit(on_mesh(lambda p, g, fn=fn: jax.grad(
             lambda p: jnp.sum(fn(p, g).astype(jnp.float32) ** 2))(p)))
-        out = fwd(parts[0], gr)
+        mm = jax.jit(on_mesh(lambda a, w, g, fn=fn: fn(a @ w, g), 3))
+        out, out_mm = fwd(parts[0], gr), mm(acts[0], ws[0], gr)
         if ref is None:
-            ref = out
-        elif rel_err(out, ref) > 2e-2:
+            ref, ref_mm = out, out_mm
+        elif rel_err(out, ref) > 2e-2 or rel_err(out_mm, ref_mm) > 2e-2:
             raise SystemExit(f"{name} differs from all_reduce_rms_norm")
         t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
         t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
-        print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} |")
-
+        t_m = bench(mm, [(a, w, gr) for a, w in zip(acts, ws)], args.iters, args.reps, one_program=False)
+        print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} | {t_m * 1e3:.3f} |")
 
 if __name__ == "__main__":
     main()

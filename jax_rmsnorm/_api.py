@@ -550,22 +550,26 @@ def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
 
 def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, axis_name,
                         eps: float = 1e-6, zero_centered_gamma: bool = False,
-                        scatter: bool = False) -> Array:
+                        scatter: bool = False, method: str = "auto") -> Array:
     """RMSNorm of the sum over devices of ``partial_sum`` (the output of a
     row-parallel matmul), inside ``shard_map``.
 
-    Instead of an all-reduce followed by every device normalizing every row,
-    the rows are reduce-scattered (each device receives the sums of 1/n of
-    the rows), normalized where they land, and all-gathered: the same bytes
-    on the wire as the all-reduce, and 1/n of the normalization work each.
+    With ``method="scatter"``, instead of an all-reduce followed by every
+    device normalizing every row, the rows are reduce-scattered (each device
+    receives the sums of 1/n of the rows), normalized where they land, and
+    all-gathered: the same bytes on the wire as the all-reduce, and 1/n of the
+    normalization work each. With ``method="psum"`` it is the all-reduce and
+    the norm of every row. ``"auto"`` takes ``"psum"`` over an axis of 2
+    devices, where NCCL's all-reduce measured faster than its reduce-scatter
+    plus all-gather (2 H200s, 8192 x 8192 bf16: 0.63 against 0.66 ms with the
+    norm), and ``"scatter"`` over more (4 H200s: 1.09x psum + ``rms_norm``).
 
     Under differentiation (without ``scatter``) the forward is the all-reduce
     and the norm of every row instead, saving the whole sum: the cotangent of
     the (replicated) output is the same on every device, so the backward then
     needs no communication at all, where the scattered rows would need their
     gradients all-gathered. Forward and backward together then cost what
-    ``psum`` followed by ``rms_norm`` costs; the forward alone (inference) is
-    the cheaper one.
+    ``psum`` followed by ``rms_norm`` costs, whatever the method.
 
     Args:
       partial_sum: ``(rows, ..., hidden)``, this device's partial sum.
@@ -575,6 +579,8 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
         shape with the first axis divided by the axis size (sequence
         parallelism), skipping the all-gather. The first axis must then be a
         multiple of the axis size.
+      method: ``"auto"``, ``"scatter"`` or ``"psum"`` (above): how the
+        forward without ``scatter`` communicates. The result is the same.
 
     Returns:
       ``rms_norm(psum(partial_sum, axis_name), gamma)``, or its
@@ -582,20 +588,34 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     """
     x = _check_x(partial_sum, "partial_sum")
     gamma = _check_param(gamma, "gamma", x)
+    if method not in _ALL_REDUCE_METHODS:
+        raise ValueError(f"method must be one of {_ALL_REDUCE_METHODS}, got {method!r}")
     axes = _axes_tuple(axis_name)
+    n = math.prod(jax.lax.axis_size(a) for a in axes)
     if scatter:
-        n = math.prod(jax.lax.axis_size(a) for a in axes)
         if x.ndim < 2 or x.shape[0] % n:
             raise ValueError(f"scatter=True needs partial_sum's first axis to be a multiple of the "
                              f"axis size {n}, got shape {x.shape}")
         return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=eps,
                         zero_centered_gamma=zero_centered_gamma)
-    return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes)
+    if method == "auto":
+        method = "psum" if n <= _PSUM_MAX_DEVICES else "scatter"
+    return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes,
+                            method == "scatter")
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _all_reduce_norm(x, gamma, cfg, axes):
-    """Reduce-scatter the rows, normalize this device's share, all-gather."""
+# all_reduce_rms_norm's methods, and the largest axis that "auto" all-reduces
+# over (benchmarks/RESULTS.md, table 5).
+_ALL_REDUCE_METHODS = ("auto", "scatter", "psum")
+_PSUM_MAX_DEVICES = 2
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _all_reduce_norm(x, gamma, cfg, axes, scatter_rows):
+    """Reduce-scatter the rows, normalize this device's share, all-gather
+    (or, without scatter_rows, all-reduce and normalize every row)."""
+    if not scatter_rows:
+        return _forward(jax.lax.psum(x, axes), gamma, None, cfg)[0]
     n = math.prod(jax.lax.axis_size(a) for a in axes)
     rows = x.reshape(-1, x.shape[-1])
     pad = -rows.shape[0] % n
@@ -607,14 +627,14 @@ def _all_reduce_norm(x, gamma, cfg, axes):
     return out[: out.shape[0] - pad].reshape(x.shape)
 
 
-def _all_reduce_norm_fwd(x, gamma, cfg, axes):
+def _all_reduce_norm_fwd(x, gamma, cfg, axes, scatter_rows):
     total = jax.lax.psum(x, axes)
     y, _, rstd = _forward(total, gamma, None, cfg)
     # An empty slice of x keeps its type (the mesh axes it varies over).
     return y, (x.reshape(-1)[:0], total, gamma, rstd)
 
 
-def _all_reduce_norm_bwd(cfg, axes, res, dy):
+def _all_reduce_norm_bwd(cfg, axes, scatter_rows, res, dy):
     x_type, total, gamma, rstd = res
     dx, dgamma, _ = _backward(dy, total, None, rstd, gamma, None, cfg)
     # psum's transpose: every device's partial sum gets the whole gradient.

@@ -291,9 +291,9 @@ def test_stats_apply_errors():
         jrn.layer_norm_apply(x, jnp.ones((3, 4, 2), jnp.float32), hidden_size=16)
 
 
-@pytest.mark.parametrize("scatter", [False, True])
+@pytest.mark.parametrize("scatter,method", [(False, "auto"), (False, "scatter"), (False, "psum"), (True, "auto")])
 @pytest.mark.parametrize("rows", [8, 6])
-def test_all_reduce_rms_norm(platform, scatter, rows):
+def test_all_reduce_rms_norm(platform, scatter, method, rows):
     if scatter and rows % 2:
         pytest.skip("scatter needs rows divisible by the axis size")
     n = 4 if platform == "cpu" else 2
@@ -306,7 +306,7 @@ def test_all_reduce_rms_norm(platform, scatter, rows):
     @jax.jit
     @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
     def fused(p, g):
-        return jrn.all_reduce_rms_norm(p[0], g, axis_name="model", scatter=scatter)[None]
+        return jrn.all_reduce_rms_norm(p[0], g, axis_name="model", scatter=scatter, method=method)[None]
 
     @jax.jit
     @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
@@ -333,18 +333,22 @@ def test_all_reduce_rms_norm(platform, scatter, rows):
             _close(a, b, jnp.float32, scale=20)
 
 
-def test_all_reduce_rms_norm_hlo():
+@pytest.mark.parametrize("n,method,fwd_ops", [
+    (4, "auto", ["all-gather", "reduce-scatter"]), (4, "psum", ["all-reduce"]),
+    (2, "auto", ["all-reduce"]), (2, "scatter", ["all-gather", "reduce-scatter"])])
+def test_all_reduce_rms_norm_hlo(n, method, fwd_ops):
     """Forward alone: reduce-scatter + all-gather (1/n of the rows normalized
-    per device). Forward and backward: one all-reduce and nothing else (the
-    backward needs no communication), as psum + rms_norm."""
-    mesh = _mesh("cpu", 1, 4)
+    per device) or one all-reduce, as the method says ("auto": the all-reduce
+    over 2 devices only). Forward and backward: one all-reduce and nothing
+    else (the backward needs no communication), as psum + rms_norm."""
+    mesh = _mesh("cpu", 1, n)
     on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
-    fwd = on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"))
+    fwd = on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model", method=method))
     step = on_mesh(lambda p, g: jax.grad(
-        lambda p, g: jnp.sum(jrn.all_reduce_rms_norm(p, g, axis_name="model") ** 2), (0, 1))(p, g))
-    p, g = jnp.ones((4 * 16, 32), jnp.float32), jnp.ones((32,), jnp.float32)
+        lambda p, g: jnp.sum(jrn.all_reduce_rms_norm(p, g, axis_name="model", method=method) ** 2), (0, 1))(p, g))
+    p, g = jnp.ones((n * 16, 32), jnp.float32), jnp.ones((32,), jnp.float32)
     ops = sorted(op for op, _ in _collectives(jax.jit(fwd).lower(p, g).compile().as_text()))
-    assert ops == ["all-gather", "reduce-scatter"], ops
+    assert ops == fwd_ops, ops
     comms = _collectives(jax.jit(step).lower(p, g).compile().as_text())
     assert comms == [("all-reduce", 16 * 32)], comms
 
@@ -358,6 +362,13 @@ def test_all_reduce_rms_norm_errors():
 
     with pytest.raises(ValueError, match="multiple of the axis size"):
         jax.jit(bad)(jnp.ones((4, 6, 8), jnp.float32))
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("model"), out_specs=P("model"))
+    def bad_method(p):
+        return jrn.all_reduce_rms_norm(p[0], axis_name="model", method="ring")[None]
+
+    with pytest.raises(ValueError, match="method must be one of"):
+        jax.jit(bad_method)(jnp.ones((4, 8, 8), jnp.float32))
 
 
 # ---------------------------------------------------------------------------
