@@ -265,5 +265,6 @@ def all_reduce_table(devices, dt, g, H, keys, args):
         t_m = bench(mm, [(a, w, gr) for a, w in zip(acts, ws)], args.iters, args.reps, one_program=False)
         print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} | {t_m * 1e3:.3f} |")
 
+
 if __name__ == "__main__":
     main()

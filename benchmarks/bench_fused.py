@@ -19,10 +19,11 @@ dx written: the gradient of both x and the residual, returned once since it
 is one array); its jnp counterpart is ``jax.vjp`` of the composition. h is
 returned because dh is an input: h has a consumer (the next block's residual
 add), so a model writes it. ``--fwdbwd-drop-h`` times the older definition
-without h, where XLA need not write it and recomputes x + r in the backward. ``fp8in_rms`` / ``fp8in_ln``
-normalize an FP8 x with one scale per group of ``--group`` columns into
-``--dtype`` (``_tensor``: one scale for the tensor): q and the scales read, y
-written; the jnp composition dequantizes and normalizes in one XLA fusion.
+without h, where XLA need not write it and recomputes x + r in the backward.
+``fp8in_rms`` / ``fp8in_ln`` normalize an FP8 x with one scale per group of
+``--group`` columns into ``--dtype`` (``_tensor``: one scale for the tensor):
+q and the scales read, y written; the jnp composition dequantizes and
+normalizes in one XLA fusion.
 
     python benchmarks/bench_fused.py                          # bf16, standard sizes, on the default device
     python benchmarks/bench_fused.py --quick --device cpu     # tiny sizes: checks it runs end to end

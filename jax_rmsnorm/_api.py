@@ -614,8 +614,8 @@ _PSUM_MAX_DEVICES = 2
 def _all_reduce_norm(x, gamma, cfg, axes, scatter_rows):
     """Reduce-scatter the rows, normalize this device's share, all-gather
     (or, without scatter_rows, all-reduce and normalize every row)."""
-    if not scatter_rows:
-        return _forward(jax.lax.psum(x, axes), gamma, None, cfg)[0]
+    if not scatter_rows:  # the differentiated forward's own output
+        return _all_reduce_norm_fwd(x, gamma, cfg, axes, scatter_rows)[0]
     n = math.prod(jax.lax.axis_size(a) for a in axes)
     rows = x.reshape(-1, x.shape[-1])
     pad = -rows.shape[0] % n
