@@ -241,13 +241,45 @@ def test_empty_inputs(kind, platform):
         assert rstd.shape == (0, 3)
 
 
-def test_dgamma_is_reproducible(platform):
-    x = random(9, (4096, 1024), jnp.bfloat16)
-    dy = random(10, (4096, 1024), jnp.bfloat16)
-    g = random(11, (1024,), jnp.float32)
+# (4096, 1024): one slot per CTA; (600, 16384): rows of one 512-thread CTA,
+# whose clusters fold their column sums into one workspace row on a GPU.
+@pytest.mark.parametrize("shape", [(4096, 1024), (600, 16384)], ids=lambda s: "x".join(map(str, s)))
+def test_dgamma_is_reproducible(shape, platform):
+    x = random(9, shape, jnp.bfloat16)
+    dy = random(10, shape, jnp.bfloat16)
+    g = random(11, shape[-1:], jnp.float32)
     x, dy, g = put(platform, x, dy, g)
     f = jax.jit(lambda x, g, dy: jax.vjp(lambda x, g: jrn.layer_norm(x, g, g), x, g)[1](dy))
     a = f(x, g, dy)
     b = f(x, g, dy)
     for p, q in zip(a, b):
         np.testing.assert_array_equal(np.asarray(p, np.float32), np.asarray(q, np.float32))
+
+
+# Per-example gamma and beta (vmapped) on rows that fill one 512-thread CTA,
+# with more rows per group than slots: on a GPU the folded workspace rows of
+# every group (grid y) must land in that group's dgamma/dbeta.
+@pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 16384), (jnp.float32, 8192)],
+                         ids=["bfloat16-16384", "float32-8192"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_dgamma_per_group_wide_rows(kind, dtype, hidden, platform):
+    groups, rows = 3, 600
+    x = random(21, (groups, rows, hidden), dtype, scale=2.0, offset=0.5)
+    dy = random(22, (groups, rows, hidden), dtype)
+    g = random(23, (groups, hidden), dtype, scale=0.5, offset=1.0)
+    b = random(24, (groups, hidden), dtype, scale=0.5)
+    x, dy, g, b = put(platform, x, dy, g, b)
+    poison(platform, 4 * x.size + 1024)
+    if kind == "rms":
+        norm = lambda x, g, b: jrn.rms_norm(x, g, eps=EPS[kind])
+    else:
+        norm = lambda x, g, b: jrn.layer_norm(x, g, b, eps=EPS[kind])
+    f = jax.jit(jax.vmap(lambda x, g, b, dy: jax.vjp(norm, x, g, b)[1](dy)))
+    dx, dg, db = f(x, g, b, dy)
+    for i in range(groups):
+        dx_ref, dg_ref, db_ref = ref_backward(kind, dy[i], x[i], g[i], EPS[kind])
+        assert_close(dx[i], dx_ref, dtype, f"group {i} dx")
+        assert_close(dg[i], dg_ref, dtype, f"group {i} dgamma", scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
+        if kind == "layer":
+            assert_close(db[i], db_ref, dtype, f"group {i} dbeta", scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))

@@ -15,8 +15,9 @@
 //
 // dgamma/dbeta are reduced without atomics: each "slot" (one row of threads of
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its
-// own row of the float32 workspace; bwd_reduce then adds the slots column by
-// column in a fixed order. The result is bitwise reproducible run to run.
+// own row of the float32 workspace (bwd_slices with one CTA per SM: the CTAs
+// of a cluster fold theirs into one row first); bwd_reduce then adds the rows
+// column by column in a fixed order. The result is bitwise reproducible run to run.
 // Groups of few rows get no workspace: bwd_columns, launched after the dx
 // kernel, sums dgamma/dbeta column by column from x and dy, also in a fixed
 // order.
@@ -160,6 +161,51 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
   }
 }
 
+// The column sums of the `fold` CTAs of a thread block cluster (each a slot
+// walking its own rows, whole rows a CTA) added into one workspace row, the
+// cluster's (blockIdx.x / fold): each CTA puts its sums in its shared memory
+// (`sums`, `n` floats per output: the stages, free once the rows are done),
+// then CTA k adds the k-th part of the columns over the cluster in rank order
+// (a fixed order: reproducible) and writes it. The workspace, and the passes
+// of bwd_reduce over it, shrink `fold` times.
+template <NormKind K, int VEC>
+__device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const float (&dg)[kSliceItems][VEC],
+                                          const float (&db)[kSliceItems][VEC], float* sums, int n, int fold) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int outs = a.param_outputs();
+  __syncthreads();  // every thread is done reading the stages
+#pragma unroll
+  for (int i = 0; i < kSliceItems; ++i) {
+    const int c = (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * VEC;
+    int out = 0;
+    if (a.dgamma) store_pack<VEC>(sums + (out++) * n + c, dg[i]);
+    if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(sums + out * n + c, db[i]);
+  }
+  cl.sync();
+  const int rank = static_cast<int>(cl.block_rank());
+  const int part = n / fold;  // n and fold are powers of two, n >= 4 * fold
+  const int64_t H = a.shape.hidden;
+  for (int e = static_cast<int>(threadIdx.x) * 4; e < outs * part; e += static_cast<int>(blockDim.x) * 4) {
+    const int out = e / part, c = rank * part + e % part;
+    if (c >= H) continue;
+    float total[4] = {};
+    for (int k = 0; k < fold; ++k) {
+      const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(sums, k) + out * n + c);
+      total[0] += v.x;
+      total[1] += v.y;
+      total[2] += v.z;
+      total[3] += v.w;
+    }
+    store_pack<4>(slot_row(a, l, blockIdx.x / fold, out) + c, total);
+  }
+  cl.sync();  // no CTA leaves while another reads its shared memory
+#endif
+}
+
 // A slot is a cluster of `cluster` CTAs (blockIdx.x / cluster); CTA `rank`
 // owns vectors [rank * slice, (rank + 1) * slice) of every row the slot walks.
 // Its slices of x and dy are contiguous: thread 0 copies each with one bulk
@@ -170,9 +216,11 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 // with one CTA per SM: 16384-wide rows and clusters), else just after that
 // row's reduction, whose barrier already orders it (best with several CTAs
 // per SM; on an H100, bf16, 32768x4096: 303 against 337 us, and 8192x16384:
-// 339 against 324 us the other way). dgamma/dbeta column sums stay in registers.
+// 339 against 324 us the other way). dgamma/dbeta column sums stay in
+// registers; with `fold` > 1 (whole rows a CTA, so `cluster` is 1) each
+// hardware cluster of `fold` CTAs folds them into one workspace row.
 template <NormKind K, class T, class P, int VEC, bool EARLY>
-__global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster) {
+__global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
   extern __shared__ uint4 stages[];  // [2 stages][x, dy][kSliceItems * blockDim.x] packs
@@ -277,6 +325,10 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   }
   if (cluster > 1) cluster_done();
   if (a.workspace == nullptr) return;
+  if (fold > 1) {
+    fold_sums<K, VEC>(a, l, dg, db, reinterpret_cast<float*>(stages), packs * VEC, fold);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) {
     if (first + local(i) < H) {
@@ -516,12 +568,27 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     const size_t smem = 2 * 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x, dy
     auto kernel = tpr >= kSliceThreads ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
+    // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
+    // of kFold CTAs fold their column sums into one workspace row (fold_sums).
+    // On an H100, us, one slot per CTA -> folded by 4 (by 8 the same as 4):
+    // bf16 8192x16384 RMSNorm 330-332 -> 312-315, LayerNorm 337-338 -> 328-330;
+    // float32 16384x8192 635 -> 618 and 649 -> 629. Smaller CTAs, several per
+    // SM, gained nothing (32768x4096: 306 both ways) or lost (131072x1024:
+    // 316 -> 338-342, as clusters leave fewer CTAs resident).
+    constexpr int kFold = 4;
+    const int fold =
+        cluster == 1 && tpr >= kSliceThreads && a.workspace && a.param_outputs() > 0 && l->stride >= kFold ? kFold
+                                                                                                         : 1;
+    const int hw = cluster * fold;  // CTAs of a hardware cluster
     int resident = 0;
-    JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
-    l->used = std::max<int64_t>(1, std::min<int64_t>(l->stride, resident));
-    return launch_clustered(kernel,
-                            dim3(static_cast<unsigned>(l->used * cluster), static_cast<unsigned>(a.shape.groups)),
-                            dim3(tpr), smem, stream, cluster, "bwd_slices", a, *l, cluster);
+    JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, hw, &resident));
+    const int64_t clusters = std::max<int64_t>(1, std::min<int64_t>(l->stride / fold, resident));
+    l->used = clusters * fold;  // slots walking the rows
+    JRN_RETURN_IF_ERROR(launch_clustered(
+        kernel, dim3(static_cast<unsigned>(clusters * hw), static_cast<unsigned>(a.shape.groups)), dim3(tpr), smem,
+        stream, hw, "bwd_slices", a, *l, cluster, fold));
+    l->used = clusters;  // workspace rows written
+    return ffi::Error::Success();
   } else {
     return ffi::Error::Internal("jax_rmsnorm: bwd_slices needs 16-byte packs");
   }

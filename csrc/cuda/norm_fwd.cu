@@ -134,7 +134,10 @@ __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
 __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
-                                  Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster) {
+                                  Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster_arg) {
+  // EARLY launches are never clustered: a constant 1 spares their prologue two
+  // integer divisions by the runtime cluster size (about 45 instructions).
+  const int cluster = EARLY ? 1 : cluster_arg;
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
   const int64_t H = a.shape.hidden;
