@@ -167,7 +167,9 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 // (`sums`, `n` floats per output: the stages, free once the rows are done),
 // then CTA k adds the k-th part of the columns over the cluster in rank order
 // (a fixed order: reproducible) and writes it. The workspace, and the passes
-// of bwd_reduce over it, shrink `fold` times.
+// of bwd_reduce over it, shrink `fold` times. The sums fit the stages: those
+// hold 64 bytes a pack (two stages of x and dy), the sums at most 2 outputs x
+// VEC floats (VEC <= 8 for 16-byte packs of 16-bit values, 4 for float32).
 template <NormKind K, int VEC>
 __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const float (&dg)[kSliceItems][VEC],
                                           const float (&db)[kSliceItems][VEC], float* sums, int n, int fold) {
