@@ -71,6 +71,22 @@ def test_add_norm_forward(kind, dtype, shape, platform):
         assert_close(y, _ref_y(kind, h_ref, gamma, beta, zc), dtype, what + " y")
 
 
+# Wide rows on a GPU: persistent slots (clusters) bulk-copying x and the
+# residual, several rows per slot, so every stage of the ring is reused.
+@pytest.mark.parametrize("shape", [(500, 65536), (40, 262144)], ids=sid)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_add_norm_forward_many_rows(kind, shape, platform):
+    key = hash(("addmany", kind, shape)) % 1000
+    x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
+    r = random(key + 1, shape, jnp.bfloat16, scale=1.5)
+    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
+    _, (y, h) = _add_norm(kind, platform, x, r, gamma, beta, None)
+    h_ref = ref_add(x, r, jnp.bfloat16)
+    np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=f"{kind} {shape} h")
+    assert_close(y, _ref_y(kind, h_ref, gamma, beta), jnp.bfloat16, f"{kind} {shape} y")
+
+
 def _jnp_norm(kind, x, gamma, beta, zc=False):
     """The jnp composition the gradients are checked against (float32 math)."""
     xf = x.astype(jnp.float32)
