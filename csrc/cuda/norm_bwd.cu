@@ -196,6 +196,8 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
     if (c >= H) continue;
     float total[4] = {};
     for (int k = 0; k < fold; ++k) {
+      // A plain load: the address is in another CTA's shared memory, which
+      // load_pack's read-only global loads (__ldg) cannot reach.
       const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(sums, k) + out * n + c);
       total[0] += v.x;
       total[1] += v.y;
