@@ -1,7 +1,7 @@
 // The FFI handlers of the distributed building blocks, defined once for both
 // platforms (like JRN_DEFINE_NORM_HANDLERS, whose helpers they reuse):
 //   *_stats       x -> per-row statistics of this slice of the hidden dim
-//   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row (sum gdy*xhat, sum gdy)
+//   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row sum gdy*xhat (LayerNorm: and sum gdy)
 //   *_apply       (x, gamma, [beta], [mean], rstd) -> y, with given statistics
 //   *_bwd_given   the backward with given per-row (c1, c2) coefficients
 //
@@ -14,13 +14,17 @@
 
 namespace jrn {
 
-// The per-row (c1, c2) coefficients of the backward with given statistics.
-inline ffi::Error check_coef(const ffi::AnyBuffer& coef, const ffi::AnyBuffer& x) {
+// The per-row coefficients of the backward with given statistics (c1, and
+// c2 for LayerNorm: grad_sums_per_row values a row).
+inline ffi::Error check_coef(const ffi::AnyBuffer& coef, const ffi::AnyBuffer& x, NormKind kind) {
   const auto dims = x.dimensions();
   const int64_t hidden = dims.size() ? dims.back() : 0;
   const int64_t rows = hidden > 0 ? static_cast<int64_t>(x.element_count()) / hidden : 0;
-  if (coef.element_type() != ffi::DataType::F32 || static_cast<int64_t>(coef.element_count()) != 2 * rows)
-    return ffi::Error::InvalidArgument("jax_rmsnorm: coef must be float32 with two values per row");
+  const int per_row = grad_sums_per_row(kind);
+  if (coef.element_type() != ffi::DataType::F32 || static_cast<int64_t>(coef.element_count()) != per_row * rows)
+    return ffi::Error::InvalidArgument(per_row == 1
+                                           ? "jax_rmsnorm: coef must be float32 with one value per row"
+                                           : "jax_rmsnorm: coef must be float32 with two values per row");
   return ffi::Error::Success();
 }
 
@@ -61,7 +65,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
       if (auto e = check_stats(*mean, a.shape.rows, "mean"); e.failure()) return e;             \
       a.mean = static_cast<const float*>(mean->untyped_data());                                 \
     }                                                                                           \
-    if (auto e = check_out_stats(out, a.shape.rows, 2); e.failure()) return e;                  \
+    if (auto e = check_out_stats(out, a.shape.rows, grad_sums_per_row(K)); e.failure()) return e; \
     if (a.shape.rows == 0) return xf::Error::Success();                                         \
     a.x = x.untyped_data();                                                                     \
     a.dy = dy.untyped_data();                                                                   \
@@ -156,7 +160,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
          ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,                                   \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
-        if (auto e = ::jrn::check_coef(coef, x); e.failure()) return e;                         \
+        if (auto e = ::jrn::check_coef(coef, x, ::jrn::NormKind::kRms); e.failure()) return e;  \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                               \
             CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, false,                    \
@@ -173,7 +177,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
          bool zc, bool has_gamma, bool has_beta) {                                              \
-        if (auto e = ::jrn::check_coef(coef, x); e.failure()) return e;                         \
+        if (auto e = ::jrn::check_coef(coef, x, ::jrn::NormKind::kLayer); e.failure()) return e; \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                             \
             CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
             static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta,                 \

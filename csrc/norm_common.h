@@ -20,6 +20,12 @@ namespace ffi = xla::ffi;
 
 enum class NormKind { kRms, kLayer };
 
+// Per-row gradient sums a backward needs of the whole row, written by the
+// gradient statistics and read back as given coefficients (BwdArgs::coef)
+// when the hidden dim is split across devices: mean(gdy * xhat) for both
+// norms, and mean(gdy) for LayerNorm alone.
+constexpr int grad_sums_per_row(NormKind k) { return k == NormKind::kLayer ? 2 : 1; }
+
 // FP8 output of the fused forward (norm_fused.h): none, one scale per tensor
 // (given; amax returned), per row or per group of columns (computed), or one
 // per tensor computed from the tensor's own amax (current scaling).
@@ -177,9 +183,10 @@ struct BwdArgs {
   float* workspace = nullptr;
   int64_t slots = 0;
   bool zero_centered = false;
-  // Hidden dim split across devices: per row (c1, c2) = (mean(gdy * xhat),
-  // mean(gdy)) over the whole row, already combined across the devices. When
-  // set, the kernels use them instead of their own (local) row means.
+  // Hidden dim split across devices: per row c1 = mean(gdy * xhat), and for
+  // LayerNorm c2 = mean(gdy) after it (grad_sums_per_row values a row), over
+  // the whole row, already combined across the devices. When set, the
+  // kernels use them instead of their own (local) row means.
   const float* coef = nullptr;
   const void* dh = nullptr;  // fused residual add: dx += dh (x's dtype)
   JRN_HOST_DEVICE int param_outputs() const { return (dgamma ? 1 : 0) + (dbeta ? 1 : 0); }
@@ -193,7 +200,8 @@ struct BwdArgs {
 // of distributed normalization). Two kinds:
 //  * of x: RMSNorm writes sum(x^2) per row; LayerNorm writes (mean, m2) per
 //    row, m2 = sum((x - mean)^2) over the slice.
-//  * of the gradient: (sum(gdy * xhat), sum(gdy)) per row, gdy = dy * scale.
+//  * of the gradient: sum(gdy * xhat) per row, and for LayerNorm sum(gdy)
+//    after it (grad_sums_per_row), gdy = dy * scale.
 struct StatsArgs {
   NormShape shape;
   const void* x = nullptr;

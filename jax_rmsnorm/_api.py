@@ -123,7 +123,8 @@ def _forward(x, gamma, beta, cfg: _Config, mean=None, rstd=None):
 
 def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config, coef=None):
     """(dx, dgamma or None, dbeta or None) from the backward kernel; ``coef``:
-    the per-row (mean(gdy * xhat), mean(gdy)) of whole rows, if given."""
+    the per-row means of whole rows, if given (see ``_grad_sums``, over the
+    hidden size)."""
     if x.size == 0:
         zeros = lambda p: None if p is None else jnp.zeros_like(p)
         return jnp.zeros_like(x), zeros(gamma), zeros(beta)
@@ -136,9 +137,11 @@ def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config, coef=None):
 
 
 def _grad_sums(dy, x, mean, rstd, gamma, cfg: _Config):
-    """Per-row (sum(gdy * xhat), sum(gdy)), float32 ``x.shape[:-1] + (2,)``."""
+    """Per-row sum(gdy * xhat), float32 ``x.shape[:-1]`` (RMSNorm), or
+    (sum(gdy * xhat), sum(gdy)), ``x.shape[:-1] + (2,)`` (LayerNorm): the row
+    sums each backward needs."""
     if x.size == 0:
-        return jnp.zeros(x.shape[:-1] + (2,), jnp.float32)
+        return jnp.zeros(x.shape[:-1] + ((2,) if cfg.kind == LAYER else ()), jnp.float32)
     ph = _placeholder(x.dtype)
     return norm_grad_stats(dy, x, mean, rstd, ph if gamma is None else gamma, kind=cfg.kind,
                            zero_centered_gamma=cfg.zero_centered_gamma, has_gamma=gamma is not None)
@@ -266,11 +269,10 @@ def _apply_bwd(cfg, res, dy):
     layer = cfg.kind == LAYER
     # With mean and rstd held fixed: dx = rstd * gdy, i.e. the backward with
     # zero row coefficients; their own gradients from the row sums of gdy.
-    zero = jnp.zeros(x.shape[:-1] + (2,), jnp.float32)
-    dx, dgamma, dbeta = _backward(dy, x, mean, rstd, gamma, beta, cfg, coef=zero)
-    sums = _grad_sums(dy, x, mean, jnp.ones_like(rstd), gamma, cfg)  # sum(gdy * (x - mean)), sum(gdy)
+    sums = _grad_sums(dy, x, mean, jnp.ones_like(rstd), gamma, cfg)  # sum(gdy * (x - mean))[, sum(gdy)]
+    dx, dgamma, dbeta = _backward(dy, x, mean, rstd, gamma, beta, cfg, coef=jnp.zeros_like(sums))
     dmean = -rstd * sums[..., 1] if layer else None
-    grads = (dx, dgamma, dbeta, dmean, sums[..., 0])
+    grads = (dx, dgamma, dbeta, dmean, sums[..., 0] if layer else sums)
     return tuple(_sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta, mean, rstd)))
 
 

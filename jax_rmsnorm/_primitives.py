@@ -106,7 +106,7 @@ def _no_cuda_lowering(ctx, *args, **params):
 # Operand/result roles, which say how each array is laid out and sharded:
 X = "x"   # (rows..., hidden): x, dy, y, dx
 R = "r"   # (rows...): mean, rstd
-C = "c"   # (rows..., 2): pairs of per-row statistics
+C = "c"   # (rows..., 2): pairs of per-row statistics (LayerNorm's)
 P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
 E = "e"   # (0,): an absent parameter's placeholder
 S = "s"   # replicated: a per-tensor scale or amax (one per vmapped example)
@@ -363,7 +363,8 @@ def _batch_front(prim, args, dims, roles, params):
 #
 # ``beta`` is an operand for its shape and dtype only (dbeta is shaped like it);
 # the kernels never read it. For RMSNorm it is absent. ``coef`` (has_coef) holds
-# the per-row (mean(gdy * xhat), mean(gdy)) of whole rows, for a device that
+# the per-row mean(gdy * xhat) of whole rows (RMSNorm: shaped like rstd) or
+# (mean(gdy * xhat), mean(gdy)) (LayerNorm: rows..., 2), for a device that
 # holds a slice of the hidden dim.
 
 norm_bwd_p = Primitive("jax_rmsnorm_bwd")
@@ -402,7 +403,7 @@ def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_g
 def _bwd_roles(kind, has_gamma, has_beta, has_coef, has_dh, **_):
     stats = [R] if kind == RMS else [R, R]
     params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
-    operands = [X, X, *stats, *params, *([C] if has_coef else []), *([X] if has_dh else [])]
+    operands = [X, X, *stats, *params, *([_grad_sums_role(kind)] if has_coef else []), *([X] if has_dh else [])]
     return operands, [X, *params]
 
 
@@ -467,7 +468,8 @@ def _bwd_batch(args, dims, **params):
 
 # ---------------------------------------------------------------------------
 # row statistics of x:    x -> sum(x^2) (RMS) or (mean, sum((x - mean)^2)) (Layer)
-# row statistics of dy:   (dy, x[, mean], rstd, gamma) -> (sum(gdy * xhat), sum(gdy))
+# row statistics of dy:   (dy, x[, mean], rstd, gamma) -> sum(gdy * xhat) (RMS) or
+#                         (sum(gdy * xhat), sum(gdy)) (Layer): what the backward needs
 
 norm_stats_p = Primitive("jax_rmsnorm_stats")
 norm_stats_p.multiple_results = True
@@ -479,22 +481,28 @@ def norm_stats(x, *, kind):
 
 
 def norm_grad_stats(dy, x, mean, rstd, gamma, *, kind, zero_centered_gamma, has_gamma):
-    """Per-row ``(sum(gdy * xhat), sum(gdy))``, float32 ``x.shape[:-1] + (2,)``."""
+    """Per-row gradient sums, float32: ``sum(gdy * xhat)`` shaped ``x.shape[:-1]``
+    (RMSNorm), or ``(sum(gdy * xhat), sum(gdy))`` shaped ``x.shape[:-1] + (2,)``
+    (LayerNorm)."""
     stats = [rstd] if kind == RMS else [mean, rstd]
     return norm_stats_p.bind(dy, x, *stats, gamma, kind=kind, grad=True,
                              zero_centered_gamma=bool(zero_centered_gamma), has_gamma=bool(has_gamma))[0]
 
 
+def _grad_sums_role(kind):
+    """RMSNorm's backward needs one sum a row, LayerNorm's two."""
+    return R if kind == RMS else C
+
+
 def _stats_roles(kind, grad, has_gamma, **_):
     if not grad:
         return [X], [R if kind == RMS else C]
-    return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [C]
+    return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [_grad_sums_role(kind)]
 
 
 def _stats_abstract(*args, kind, grad, **_):
     x = args[1] if grad else args[0]
-    pair = grad or kind == LAYER
-    shape = x.shape[:-1] + ((2,) if pair else ())
+    shape = x.shape[:-1] + ((2,) if kind == LAYER else ())
     return [_like(x, _vma(*args), shape=shape, dtype=np.float32, rows=x.ndim - 1)]
 
 
@@ -507,7 +515,8 @@ def _stats_kernel(kind, x):
 def _grad_stats_kernel(st, dy, x, mean, rstd, gamma):
     stats = [rstd] if st.kind == RMS else [mean, rstd]
     target = "jrn_rms_norm_grad_stats" if st.kind == RMS else "jrn_layer_norm_grad_stats"
-    return _call(target, [(x.shape[:-1] + (2,), np.float32)], dy, x, *stats, gamma,
+    shape = x.shape[:-1] + ((2,) if st.kind == LAYER else ())
+    return _call(target, [(shape, np.float32)], dy, x, *stats, gamma,
                  zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)[0]
 
 

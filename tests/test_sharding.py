@@ -116,6 +116,11 @@ def test_hidden_sharded_hlo_moves_statistics_only(axis_type, kind):
     assert comms, "expected the all-reduce of the statistics"
     assert all(n <= limit for _, n in comms), (comms, limit)
     assert any(op == "all-reduce" for op, _ in comms)
+    # The row statistics alone (XLA may add the loss's scalar to them): RMSNorm
+    # moves one float a row forward and one backward, LayerNorm two.
+    per_row = 1 if kind == "rms" else 2
+    stats = [n for _, n in comms if n < local_hidden]
+    assert stats and max(stats) <= per_row * local_rows + 1, (comms, per_row)
     assert "custom-call" in hlo and "jrn_" in hlo
 
 
@@ -272,6 +277,12 @@ def test_stats_kernels_against_float64(platform, rows, hidden, dtype):
         got = f64(jax.jit(lambda dy, x, m, r, g: _api._grad_sums(dy, x, m, r, g, cfg))(dy, x, m, rstd, g))
         gdy = dyf * gf
         sums = [(gdy * (xf - (0 if m is None else mf[:, None])) * rf[:, None]).sum(-1), gdy.sum(-1)]
+        # RMSNorm's backward needs (and all-reduces) one sum a row, LayerNorm's two
+        if m is None:
+            assert got.shape == (rows,)
+            got, sums = got[:, None], sums[:1]
+        else:
+            assert got.shape == (rows, 2)
         for i, want in enumerate(sums):
             assert np.isfinite(got[:, i]).all()
             np.testing.assert_allclose(got[:, i], want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"{kind} sum {i}")

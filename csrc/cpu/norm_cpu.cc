@@ -422,7 +422,7 @@ struct CpuBackend {
             }
             float c1, c2 = 0.f;
             if (a.coef) {
-              c1 = a.coef[2 * r];
+              c1 = a.coef[grad_sums_per_row(K) * r];
               if constexpr (K == NormKind::kLayer) c2 = a.coef[2 * r + 1];
             } else {
               const auto [s1, s2] = grad_row_sums(gdy, [&](int64_t i) { return xhat[i]; }, H, K == NormKind::kLayer);
@@ -498,9 +498,10 @@ struct CpuBackend {
         const T* x = static_cast<const T*>(a.x) + r * H;
         const T* dy = static_cast<const T*>(a.dy) + r * H;
         for (int64_t i = 0; i < H; ++i) gdy[i] = to_float(dy[i]) * scale[i];
-        const auto [s1, s2] = grad_row_sums(gdy, [&](int64_t i) { return (to_float(x[i]) - mean) * rstd; }, H, true);
-        a.out[2 * r] = static_cast<float>(s1);
-        a.out[2 * r + 1] = static_cast<float>(s2);
+        constexpr bool kLayer = K == NormKind::kLayer;  // RMSNorm: sum(gdy * xhat) alone
+        const auto [s1, s2] = grad_row_sums(gdy, [&](int64_t i) { return (to_float(x[i]) - mean) * rstd; }, H, kLayer);
+        a.out[grad_sums_per_row(K) * r] = static_cast<float>(s1);
+        if constexpr (kLayer) a.out[2 * r + 1] = static_cast<float>(s2);
       }
     });
     return ffi::Error::Success();

@@ -23,7 +23,8 @@
 // order.
 //
 // With `coef` (the hidden dim split across devices) the kernels take the row
-// means c1 = mean(gdy * xhat), c2 = mean(gdy) of the whole row from it.
+// means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
+// row from it (row_coefs).
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -52,6 +53,19 @@ __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem, floa
   float(&sums)[kSums] = reinterpret_cast<float(&)[kSums]>(acc);
   row_sum<kSums>(sums, smem);
   if (cluster > 1) cluster_sum<kSums>(sums, reinterpret_cast<float(*)[kSums]>(xchg), buf);
+}
+
+// The row's (c1, c2) = (mean(gdy * xhat), mean(gdy); c2 = 0 for RMSNorm):
+// given in a.coef (grad_sums_per_row values a row, combined across the
+// devices that split the hidden dim) or from the row's own sums `acc`.
+// `read` false: the row is past the end (no coefficients to read).
+template <NormKind K>
+__device__ __forceinline__ void row_coefs(const BwdArgs& a, int64_t row, bool read, const float (&acc)[2],
+                                          float* c1, float* c2) {
+  constexpr int kGiven = grad_sums_per_row(K);
+  const int64_t H = a.shape.hidden;
+  *c1 = a.coef ? (read ? a.coef[kGiven * row] : 0.f) : acc[0] / static_cast<float>(H);
+  *c2 = K != NormKind::kLayer ? 0.f : a.coef ? (read ? a.coef[kGiven * row + 1] : 0.f) : acc[1] / static_cast<float>(H);
 }
 
 // Slots [0, used) of group blockIdx.y; `stride` is the slot count the
@@ -129,10 +143,8 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
       }
     }
     grad_row_sums<K>(acc, smem);
-    const float c1 = a.coef ? (valid ? a.coef[2 * row] : 0.f) : acc[0] / static_cast<float>(H);
-    const float c2 = K != NormKind::kLayer ? 0.f
-                     : a.coef              ? (valid ? a.coef[2 * row + 1] : 0.f)
-                                           : acc[1] / static_cast<float>(H);
+    float c1, c2;
+    row_coefs<K>(a, row, valid, acc, &c1, &c2);
     if (valid) {
       T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
@@ -300,8 +312,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     }
     grad_row_sums<K>(acc, smem, xchg, cluster, st);
     if constexpr (!EARLY) prefetch(r + l.used, st ^ 1);  // the reduction's barrier has ordered it
-    const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
-    const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
+    float c1, c2;
+    row_coefs<K>(a, row, true, acc, &c1, &c2);
     T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -381,8 +393,8 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
       }
     }
     grad_row_sums<K>(acc, smem);
-    const float c1 = a.coef ? a.coef[2 * row] : acc[0] / static_cast<float>(H);
-    const float c2 = K != NormKind::kLayer ? 0.f : a.coef ? a.coef[2 * row + 1] : acc[1] / static_cast<float>(H);
+    float c1, c2;
+    row_coefs<K>(a, row, true, acc, &c1, &c2);
     T* dx = static_cast<T*>(a.dx) + row * H;
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
       float xv[VEC], d[VEC], s[VEC], out[VEC];

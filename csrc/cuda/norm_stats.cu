@@ -2,7 +2,8 @@
 // hidden dim split across devices (see StatsArgs):
 //   x_stats:    RMSNorm sum(x^2); LayerNorm (mean, sum((x - mean)^2)), the
 //               sums taken around a shift near the row's mean (layer_shift).
-//   grad_stats: (sum(gdy * xhat), sum(gdy)), gdy = dy * scale.
+//   grad_stats: sum(gdy * xhat), and for LayerNorm sum(gdy) after it,
+//               gdy = dy * scale.
 // A block is (threads per row, rows per block), as row_sum expects.
 #include "device_utils.cuh"
 #include "launch.h"
@@ -11,8 +12,9 @@ namespace jrn::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Threads per row: a thread per kRowPacks packs of the row, up to kThreads.
-// Each thread loads one pack (of x, and of dy) at a time. These kernels
+// Threads per row of the gradient statistics: a thread per kRowPacks packs of
+// the row, up to kThreads (x statistics: x_stats_threads below). Each thread
+// loads one pack (of x, and of dy) at a time. These kernels
 // only read, so what hides the loads' latency is many resident threads: with
 // one pack at a time (24-40 registers) an H100 holds 1536-2048 threads per
 // SM. Measured on an H100 at 32768 rows of bf16 (hidden 4096 / 8192), x
@@ -77,7 +79,8 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
                                     : nullptr;
   const float rstd = valid ? a.rstd[row] : 0.f;
   const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
-  float acc[2] = {0.f, 0.f};
+  constexpr int kSums = grad_sums_per_row(K);  // RMSNorm: sum(gdy * xhat) alone
+  float acc[kSums] = {};
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
     float xv[VEC], d[VEC], s[VEC];
     load_pack<VEC>(x + p * VEC, xv);
@@ -87,25 +90,42 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
     for (int j = 0; j < VEC; ++j) {
       const float g = d[j] * s[j];
       acc[0] += g * (xv[j] - mean) * rstd;
-      acc[1] += g;
+      if constexpr (kSums == 2) acc[1] += g;
     }
   }
-  row_sum_lead<2>(acc, smem);
+  row_sum_lead<kSums>(acc, smem);
   if (valid && threadIdx.x == 0) {
-    a.out[2 * row] = acc[0];
-    a.out[2 * row + 1] = acc[1];
+#pragma unroll
+    for (int m = 0; m < kSums; ++m) a.out[kSums * row + m] = acc[m];
   }
 }
 
-// Threads per row scaled with the row's packs; several rows per block when narrow.
-inline ffi::Error stats_grid(const StatsArgs& a, int64_t nvec, dim3* grid, dim3* block) {
-  const int tpr = std::min(kThreads, pow2_ceil((nvec + kRowPacks - 1) / kRowPacks));
+// Threads per row: `tpr`, several rows per block when it is under kThreads.
+inline ffi::Error stats_grid(const StatsArgs& a, int tpr, dim3* grid, dim3* block) {
   const int rpb = kThreads / tpr;
   const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
   if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   *grid = dim3(static_cast<unsigned>(blocks));
   *block = dim3(tpr, rpb);
   return ffi::Error::Success();
+}
+
+// Threads per row of x statistics: about kXRowPacks packs a thread, so that
+// a warp or two sums a row of 2048-8192 bf16 and blocks carry several rows
+// (a warp a row at least, where the row has the packs); more where the rows
+// alone would not fill the GPU (kThreads a row at most).
+// On an H200 at 32768 rows of bf16 (standalone timing, us), hidden 1024 /
+// 2048 / 4096 / 8192 / 16384 took 19.5 / 35.1 / 66.2 / 126.1 / 242.4 this
+// way, against 21.0 / 36.9 / 68.8 / 126.7 / 242.3 with a thread per two
+// packs (the gradient statistics' rule, which suits them: their loads are
+// x and dy); 4096 x 65536 and 512 x 262144 keep kThreads (125.4 and 76.2,
+// against 131.0 and 119.2 with 128 threads a row).
+constexpr int kXRowPacks = 16;
+inline int x_stats_threads(int64_t nvec, int64_t rows) {
+  const int sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
+  const int64_t fill = (static_cast<int64_t>(sms) * 2048 + rows - 1) / std::max<int64_t>(rows, 1);
+  const int64_t want = std::max({(nvec + kXRowPacks - 1) / kXRowPacks, fill, std::min<int64_t>(nvec, 32)});
+  return static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(std::min<int64_t>(want, kThreads))));
 }
 
 }  // namespace
@@ -115,7 +135,7 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x);
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(stats_grid(a, a.shape.hidden / (vec ? kVec : 1), &grid, &block));
+  JRN_RETURN_IF_ERROR(stats_grid(a, x_stats_threads(a.shape.hidden / (vec ? kVec : 1), a.shape.rows), &grid, &block));
   if (vec) {
     x_stats<K, T, kVec><<<grid, block, 0, stream>>>(a);
   } else {
@@ -130,7 +150,9 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
   const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
                    (!a.gamma || aligned16(a.gamma));
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(stats_grid(a, a.shape.hidden / (vec ? kVec : 1), &grid, &block));
+  const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
+  JRN_RETURN_IF_ERROR(stats_grid(a, std::min<int64_t>(kThreads, pow2_ceil((nvec + kRowPacks - 1) / kRowPacks)),
+                                 &grid, &block));
   if (vec) {
     grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
   } else {
