@@ -20,6 +20,7 @@ matmul that makes the partial sums.
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
     python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
     python benchmarks/bench_dist.py --all-reduce-only
+    python benchmarks/bench_dist.py --kernels          # device time of each kernel (profiler trace)
 """
 
 from __future__ import annotations
@@ -122,6 +123,35 @@ def pieces(xl, dyl, gl, H, args):
         print(f"| {name} | {t * 1e6:.1f} | {bw / 1e12:.2f} | {100 * bw / copy_bw:.0f}% | {tx * 1e6:.1f} | {tx / t:.2f}x |")
 
 
+def kernel_times(programs, calls=10):
+    """Device time per call of each kernel of each program on the first GPU,
+    read from a jax.profiler trace: where the hidden layout's time goes
+    (ours against XLA's fusions), the collectives included."""
+    import collections
+    import glob
+    import tempfile
+    for name, (fn, a) in programs.items():
+        jax.block_until_ready(fn(*a))
+        logdir = tempfile.mkdtemp()
+        with jax.profiler.trace(logdir):
+            for _ in range(calls):
+                out = fn(*a)
+            jax.block_until_ready(out)
+        (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+        total = collections.Counter()
+        for plane in jax.profiler.ProfileData.from_file(path).planes:
+            if plane.name.endswith("GPU:0"):
+                for line in plane.lines:
+                    if line.name.startswith("Stream"):
+                        for ev in line.events:
+                            total[ev.name] += ev.duration_ns
+        if not total:
+            raise SystemExit("--kernels: no GPU kernels in the profiler trace (it reads GPU 0)")
+        print(f"\n{name}: {sum(total.values()) / calls / 1e3:.1f} µs of kernels a call")
+        for kernel, ns in total.most_common(8):
+            print(f"  {ns / calls / 1e3:8.1f} µs  {kernel[:100]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=32768)
@@ -133,6 +163,8 @@ def main():
     ap.add_argument("--pieces-only", action="store_true",
                     help="only the per-device kernel table (the slice is hidden / devices wide)")
     ap.add_argument("--all-reduce-only", action="store_true", help="only the all_reduce_rms_norm table")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only the device time of each kernel of the hidden layout's programs")
     ap.add_argument("--k-local", type=int, default=1024,
                     help="each device's share of the contraction dim of the matmul before all_reduce_rms_norm")
     args = ap.parse_args()
@@ -184,8 +216,9 @@ def main():
     ours_layer, xla_layer = layer_step(lambda x, g: jrn.rms_norm(x, g)), layer_step(jnp_rms)
     want_layer = ours_layer(xs[0], g, w, c)
 
-    print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
-    print("|---|---|---|---|---|---|")
+    if not args.kernels:
+        print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
+        print("|---|---|---|---|---|---|")
     for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
         mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
                                  axis_types=(AxisType.Auto,) * 2)
@@ -200,6 +233,12 @@ def main():
                 ours_layer, xla_layer,
                 [(x, g, put(w, P(spec[1], None)), put(c, P(spec[0], None))) for x, g, _ in sets], want_layer),
         }
+        if args.kernels:
+            if layout == "hidden":
+                kernel_times({f"{layout} {part}, {name}": (fn, arg_sets[0])
+                              for part, (f_ours, f_xla, arg_sets, _) in parts.items()
+                              for name, fn in (("ours", f_ours), ("XLA", f_xla))})
+            continue
         for part, (f_ours, f_xla, arg_sets, ref) in parts.items():
             times = {}
             for name, fn in (("ours", f_ours), ("xla", f_xla)):
@@ -211,6 +250,8 @@ def main():
             print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
                   f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
 
+    if args.kernels:
+        return
     pieces(*slice_args)
 
     all_reduce_table(devices, dt, g, H, keys, args)
