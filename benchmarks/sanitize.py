@@ -4,7 +4,7 @@ each buffer is its own allocation and out-of-bounds accesses are caught:
 
     XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck python benchmarks/sanitize.py
 
-Arguments such as `2x40001 240x65536` run those shapes of the two lists below
+Arguments such as `2x40001 300x65536` run those shapes of the two lists below
 alone; `--list` prints them all. benchmarks/device_run.sh runs each shape in its
 own process: compute-sanitizer (CUDA 13) itself crashed (SIGSEGV, no report) after
 several hundred kernels in one process, at a different shape each time.
@@ -23,8 +23,10 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma
-# sums through distributed shared memory.
-MANY_ROWS = [(2000, 4096), (600, 16384), (240, 65536)]
+# sums through distributed shared memory. At 65536, rows enough (two a SM on
+# an H100) for the two-pass forward of the residual add (fwd_add_stats,
+# fwd_apply), which also normalizes with given statistics.
+MANY_ROWS = [(2000, 4096), (600, 16384), (300, 65536)]
 
 
 def check(a, b, tol):
@@ -32,6 +34,17 @@ def check(a, b, tol):
     assert np.isfinite(a).all()
     err = np.abs(a - b) - tol * (1.0 + np.abs(b))
     assert (err <= 0).all(), float(err.max())
+
+
+def wide_rows(h):
+    """The residual add + norm (dy as the residual) and the normalization with
+    given statistics of whole rows (two passes for rows wider than one CTA)."""
+    return [
+        lambda x, r, g: jrn.add_rms_norm(x, r, g),
+        lambda x, r, g: jrn.add_layer_norm(x, r, g, g),
+        lambda x, r, g: (jrn.rms_norm_apply(x, jrn.rms_norm_stats(x), g, hidden_size=h),),
+        lambda x, r, g: (jrn.layer_norm_apply(x, jrn.layer_norm_stats(x)[None], g, g, hidden_size=h),),
+    ]
 
 
 def fp8_outputs(h):
@@ -153,6 +166,7 @@ def main():
             for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
                 check(a, b, 3e-2)
         compare(fp8_outputs(h), x, dy, g, 3e-2)
+        compare(wide_rows(h), x, dy, g, 3e-2)
         print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")
 

@@ -71,20 +71,26 @@ def test_add_norm_forward(kind, dtype, shape, platform):
         assert_close(y, _ref_y(kind, h_ref, gamma, beta, zc), dtype, what + " y")
 
 
-# Wide rows on a GPU: persistent slots (clusters) bulk-copying x and the
-# residual, several rows per slot, so every stage of the ring is reused.
+# Wide rows on a GPU, in every dtype: 500x65536 takes the two passes
+# (fwd_add_stats, fwd_apply: rows enough to fill the GPU), 40x262144 one
+# cluster a row; a float32 h (h_dtype) always the cluster.
 @pytest.mark.parametrize("shape", [(500, 65536), (40, 262144)], ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
-def test_add_norm_forward_many_rows(kind, shape, platform):
+def test_add_norm_forward_many_rows(kind, dtype, shape, platform):
     key = hash(("addmany", kind, shape)) % 1000
-    x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
-    r = random(key + 1, shape, jnp.bfloat16, scale=1.5)
-    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
-    _, (y, h) = _add_norm(kind, platform, x, r, gamma, beta, None)
-    h_ref = ref_add(x, r, jnp.bfloat16)
-    np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=f"{kind} {shape} h")
-    assert_close(y, _ref_y(kind, h_ref, gamma, beta), jnp.bfloat16, f"{kind} {shape} y")
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    r = random(key + 1, shape, dtype, scale=1.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    cases = [(None, False), (None, True)] + ([(jnp.float32, False)] if dtype != jnp.float32 else [])
+    for hd, zc in cases:
+        g = gamma - 1 if zc else gamma  # zero-centered: the same scale
+        _, (y, h) = _add_norm(kind, platform, x, r, g, beta, hd, zc)
+        h_ref = ref_add(x, r, hd or dtype)
+        what = f"{kind} {dname(dtype)} {shape} h {dname(hd or dtype)} zc {zc}"
+        np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " h")
+        assert_close(y, _ref_y(kind, h_ref, g, beta, zc), dtype, what + " y")
 
 
 def _jnp_norm(kind, x, gamma, beta, zc=False):

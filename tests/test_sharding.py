@@ -219,6 +219,29 @@ def test_stats_and_apply(platform, dtype):
     _close(y, ref_forward("layer", x, g, b)[0], dtype)
 
 
+# Rows wider than one CTA with given statistics take fwd_apply on a GPU (a
+# row split across CTAs, no reduction); several rows, odd counts of them.
+@pytest.mark.parametrize("shape", [(300, 65536), (3, 262144)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_apply_wide_rows(platform, dtype, shape):
+    dev = jax.devices(platform)[0]
+    h = shape[-1]
+    x = jax.device_put(random(31, shape, dtype, scale=2.0, offset=0.5), dev)
+    g = jax.device_put(random(32, (h,), dtype, scale=0.1, offset=1.0), dev)
+    b = jax.device_put(random(33, (h,), dtype, scale=0.1), dev)
+    xf = f64(x)
+    ss = jax.device_put(jnp.asarray((xf ** 2).sum(-1), jnp.float32), dev)
+    st = jax.device_put(jnp.asarray(np.stack([xf.mean(-1), ((xf - xf.mean(-1, keepdims=True)) ** 2).sum(-1)], -1),
+                                    jnp.float32), dev)
+    poison(platform, 2 * x.nbytes)
+    y = jax.jit(lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=h))(x, ss, g)
+    _close(y, ref_forward("rms", x, g)[0], dtype)
+    poison(platform, 2 * x.nbytes)
+    y = jax.jit(lambda x, s, g, b: jrn.layer_norm_apply(x, s, g, b, hidden_size=h))(x, st, g, b)
+    _close(y, ref_forward("layer", x, g, b)[0], dtype)
+
+
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_stats_and_apply_gradients(platform, kind):
     dev = jax.devices(platform)[0]

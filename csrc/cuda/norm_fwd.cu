@@ -11,6 +11,9 @@
 //    bulk-copied into shared memory while the current one is normalized.
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
+//  * fwd_add_stats + fwd_apply: rows wider than one CTA with a residual (and
+//    rows enough) or with given statistics: h and the row's statistics in one
+//    pass, then y from h (or x) in a second, a row split across CTAs.
 //
 // fwd_regs and fwd_stream take the fused variants (norm_fused.h; fwd_slices
 // also the FP8 outputs without a residual): with XQ, x is FP8 with a scale
@@ -737,6 +740,120 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
 }
 
 constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
+// ---- Two passes for rows wider than one CTA, with a residual or with given
+// statistics (no FP8, 16-bit or float x and h alike, 16-byte packs).
+// fwd_add_stats reads x and the residual, stores h and writes the row's
+// mean/rstd of h as stored; fwd_apply then normalizes h (or x, with given
+// statistics) pack by pack, a row split across CTAs with no reduction. Five
+// tensor passes of DRAM traffic against four for one cluster a row
+// (fwd_regs), but each at about the speed of a copy: on an H100, bf16,
+// 512x262144, one cluster a row took 579 us for the residual add + RMSNorm
+// (XLA's fusion of the jnp version, which also makes two passes: 468) and
+// 331 us for the normalization with given statistics alone.
+constexpr int kAddStatsThreads = 256;  // one row a CTA
+constexpr int kApplyThreads = 256;
+constexpr int kApplyItems = 4;         // packs per thread in fwd_apply
+
+template <NormKind K, class T, int VEC>
+__global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
+  constexpr bool kLayer = K == NormKind::kLayer;
+  constexpr int M = kLayer ? 2 : 1;  // LayerNorm: sum(d), sum(d^2) around a shift; RMSNorm: sum(h^2)
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden, nvec = H / VEC, row = blockIdx.x;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+  const T* res = static_cast<const T*>(a.residual) + row * H;
+  T* h = static_cast<T*>(a.h) + row * H;
+  auto h_at = [&](int64_t c) { return to_float(from_float<T>(to_float(x[c]) + to_float(res[c]))); };
+  const float shift = kLayer ? layer_shift(h_at, H) : 0.f;
+  float acc[M] = {};
+  for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+    float v[VEC], r[VEC];
+    load_pack<VEC>(x + p * VEC, v);
+    load_pack<VEC>(res + p * VEC, r);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] += r[j];
+    round_as<VEC, T>(false, v);  // h as stored is what is normalized
+    store_pack<VEC>(h + p * VEC, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[j] - shift;
+      acc[M - 1] += d * d;
+      if constexpr (kLayer) acc[0] += d;
+    }
+  }
+  row_sum_lead<M>(acc, smem);
+  if (threadIdx.x != 0) return;
+  const float n = static_cast<float>(H);
+  if constexpr (kLayer) {
+    const float m1 = acc[0] / n;
+    a.mean[row] = shift + m1;
+    a.rstd[row] = rsqrtf(fmaxf(acc[1] - acc[0] * m1, 0.f) / n + a.eps);
+  } else {
+    a.rstd[row] = rsqrtf(acc[0] / n + a.eps);
+  }
+}
+
+// y = (src - mean) * rstd * scale + beta for kApplyItems packs a thread of
+// one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd.
+template <NormKind K, class T, class P, int VEC>
+__global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* src, int chunks) {
+  const int64_t H = a.shape.hidden;
+  const int64_t row = blockIdx.x / chunks;
+  const int64_t chunk = blockIdx.x - row * chunks;
+  const float rstd = a.rstd[row];
+  const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+  const int64_t poff = a.shape.param_offset(row);
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  const int64_t col0 = (chunk * kApplyItems * blockDim.x + threadIdx.x) * VEC;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VEC;
+  float v[kApplyItems][VEC];
+#pragma unroll
+  for (int i = 0; i < kApplyItems; ++i) {
+    if (col0 + i * step < H) load_pack<VEC>(src + row * H + col0 + i * step, v[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kApplyItems; ++i) {
+    const int64_t col = col0 + i * step;
+    if (col < H) {
+      scale_shift<VEC>(v[i], mean, rstd, gamma, beta, col, a.zero_centered);
+      store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+    }
+  }
+}
+
+// Whether a forward takes the two passes: rows wider than one CTA of
+// fwd_regs (`cta_vecs` packs), with given statistics, or with a residual of
+// x's dtype stored as x's dtype and rows enough for fwd_add_stats' one CTA a
+// row to fill the GPU (at least two a SM).
+template <Quant Q, class T, int VEC, bool XQ>
+bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
+  if constexpr (Q != Quant::kNone || XQ || sizeof(T) * VEC != 16) {
+    return false;
+  } else {
+    if (nvec <= cta_vecs || a.shape.rows == 0) return false;
+    if (a.given_stats) return !a.residual;
+    const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
+    return a.residual && !a.residual_f32 && !a.h_f32 && !a.no_output && sms > 0 && a.shape.rows >= 2 * sms;
+  }
+}
+
+template <NormKind K, class T, class P, int VEC>
+ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
+  if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  const T* src = static_cast<const T*>(a.x);
+  if (!a.given_stats) {
+    fwd_add_stats<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
+    JRN_RETURN_IF_ERROR(check_launch("fwd_add_stats"));
+    src = static_cast<const T*>(a.h);
+  }
+  const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
+  if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  fwd_apply<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows * chunks), kApplyThreads, 0, stream>>>(
+      a, src, static_cast<int>(chunks));
+  return check_launch("fwd_apply");
+}
+
 // Per-tensor FP8 output takes fwd_slices from rows of this many packs (CTAs
 // of 64 threads or more; with 32-thread CTAs, at hidden 1024 bf16, it was
 // slower than fwd_regs: 263.8 against 210.8 us; at 2048, 197.9 against 200.8).
@@ -829,6 +946,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
   // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
   if (slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
+  // With a residual or given statistics: two passes, each at about a copy's speed.
+  if (two_pass_fits<Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
