@@ -472,6 +472,25 @@ __device__ __forceinline__ float layer_shift(Elem&& elem, int64_t hidden) {
   return median3(elem(0), elem(hidden / 2), elem(hidden - 1));
 }
 
+// A row's sums around `shift` (layer_shift; 0 for RMSNorm), d = v - shift:
+// M = 1, sum(d^2); M = 2 (LayerNorm), sum(d) then sum(d^2).
+template <int M, int N>
+__device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&v)[N], float shift) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float d = v[j] - shift;
+    acc[M - 1] += d * d;
+    if constexpr (M == 2) acc[0] += d;
+  }
+}
+
+// LayerNorm's mean and m2 = sum((v - mean)^2) over `n` values from the
+// whole row's add_shifted_sums<2>.
+__device__ __forceinline__ float2 shifted_mean_m2(const float (&acc)[2], float shift, int64_t n) {
+  const float m1 = acc[0] / static_cast<float>(n);
+  return make_float2(shift + m1, fmaxf(acc[1] - acc[0] * m1, 0.f));
+}
+
 // ---- Reductions over the threads of one row.
 //
 // A block is (threads_per_row, rows_per_block). Threads of one row are

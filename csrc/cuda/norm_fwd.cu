@@ -774,22 +774,16 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
     for (int j = 0; j < VEC; ++j) v[j] += r[j];
     round_as<VEC, T>(false, v);  // h as stored is what is normalized
     store_pack<VEC>(h + p * VEC, v);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = v[j] - shift;
-      acc[M - 1] += d * d;
-      if constexpr (kLayer) acc[0] += d;
-    }
+    add_shifted_sums<M>(acc, v, shift);
   }
   row_sum_lead<M>(acc, smem);
   if (threadIdx.x != 0) return;
-  const float n = static_cast<float>(H);
   if constexpr (kLayer) {
-    const float m1 = acc[0] / n;
-    a.mean[row] = shift + m1;
-    a.rstd[row] = rsqrtf(fmaxf(acc[1] - acc[0] * m1, 0.f) / n + a.eps);
+    const float2 mean_m2 = shifted_mean_m2(acc, shift, H);
+    a.mean[row] = mean_m2.x;
+    a.rstd[row] = rsqrtf(mean_m2.y / static_cast<float>(H) + a.eps);
   } else {
-    a.rstd[row] = rsqrtf(acc[0] / n + a.eps);
+    a.rstd[row] = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
   }
 }
 

@@ -49,19 +49,14 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
     float v[VEC];
     load_pack<VEC>(x + p * VEC, v);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = v[j] - shift;
-      acc[M - 1] += d * d;
-      if constexpr (kLayer) acc[0] += d;
-    }
+    add_shifted_sums<M>(acc, v, shift);
   }
   row_sum_lead<M>(acc, smem);
   if (!valid || threadIdx.x != 0) return;
   if constexpr (kLayer) {
-    const float m1 = acc[0] / static_cast<float>(H);
-    a.out[2 * row] = shift + m1;
-    a.out[2 * row + 1] = fmaxf(acc[1] - acc[0] * m1, 0.f);
+    const float2 mean_m2 = shifted_mean_m2(acc, shift, H);
+    a.out[2 * row] = mean_m2.x;
+    a.out[2 * row + 1] = mean_m2.y;
   } else {
     a.out[row] = acc[0];
   }
