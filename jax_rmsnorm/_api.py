@@ -11,7 +11,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._primitives import (LAYER, RMS, _placeholder, combine_stats, merge_layer_stats, norm_bwd,
+from ._primitives import (LAYER, RMS, _placeholder, _row_stats_shape, combine_stats, merge_layer_stats, norm_bwd,
                           norm_fwd, norm_grad_stats, norm_stats, varying_axes)
 
 Array = jax.Array
@@ -141,7 +141,7 @@ def _grad_sums(dy, x, mean, rstd, gamma, cfg: _Config):
     (sum(gdy * xhat), sum(gdy)), ``x.shape[:-1] + (2,)`` (LayerNorm): the row
     sums each backward needs."""
     if x.size == 0:
-        return jnp.zeros(x.shape[:-1] + ((2,) if cfg.kind == LAYER else ()), jnp.float32)
+        return jnp.zeros(_row_stats_shape(cfg.kind, x), jnp.float32)
     ph = _placeholder(x.dtype)
     return norm_grad_stats(dy, x, mean, rstd, ph if gamma is None else gamma, kind=cfg.kind,
                            zero_centered_gamma=cfg.zero_centered_gamma, has_gamma=gamma is not None)
@@ -227,7 +227,7 @@ def _dispatch(x, gamma, beta, cfg, axis_name):
 
 def _slice_stats(x, kind):
     if x.size == 0:
-        return jnp.zeros(x.shape[:-1] + ((2,) if kind == LAYER else ()), jnp.float32)
+        return jnp.zeros(_row_stats_shape(kind, x), jnp.float32)
     return norm_stats(x, kind=kind)
 
 

@@ -403,7 +403,7 @@ def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_g
 def _bwd_roles(kind, has_gamma, has_beta, has_coef, has_dh, **_):
     stats = [R] if kind == RMS else [R, R]
     params = [P if has_gamma else E] + ([] if kind == RMS else [P if has_beta else E])
-    operands = [X, X, *stats, *params, *([_grad_sums_role(kind)] if has_coef else []), *([X] if has_dh else [])]
+    operands = [X, X, *stats, *params, *([_row_stats_role(kind)] if has_coef else []), *([X] if has_dh else [])]
     return operands, [X, *params]
 
 
@@ -489,34 +489,37 @@ def norm_grad_stats(dy, x, mean, rstd, gamma, *, kind, zero_centered_gamma, has_
                              zero_centered_gamma=bool(zero_centered_gamma), has_gamma=bool(has_gamma))[0]
 
 
-def _grad_sums_role(kind):
-    """RMSNorm's backward needs one sum a row, LayerNorm's two."""
+def _row_stats_role(kind):
+    """Per-row statistics, of x or of the gradient, and the backward's given
+    coefficients: one float a row for RMSNorm, a pair for LayerNorm."""
     return R if kind == RMS else C
+
+
+def _row_stats_shape(kind, x):
+    """The shape of ``x``'s per-row statistics (see _row_stats_role)."""
+    return x.shape[:-1] + ((2,) if kind == LAYER else ())
 
 
 def _stats_roles(kind, grad, has_gamma, **_):
     if not grad:
-        return [X], [R if kind == RMS else C]
-    return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [_grad_sums_role(kind)]
+        return [X], [_row_stats_role(kind)]
+    return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [_row_stats_role(kind)]
 
 
 def _stats_abstract(*args, kind, grad, **_):
     x = args[1] if grad else args[0]
-    shape = x.shape[:-1] + ((2,) if kind == LAYER else ())
-    return [_like(x, _vma(*args), shape=shape, dtype=np.float32, rows=x.ndim - 1)]
+    return [_like(x, _vma(*args), shape=_row_stats_shape(kind, x), dtype=np.float32, rows=x.ndim - 1)]
 
 
 def _stats_kernel(kind, x):
-    shape = x.shape[:-1] + ((2,) if kind == LAYER else ())
     target = "jrn_rms_norm_stats" if kind == RMS else "jrn_layer_norm_stats"
-    return _call(target, [(shape, np.float32)], x)[0]
+    return _call(target, [(_row_stats_shape(kind, x), np.float32)], x)[0]
 
 
 def _grad_stats_kernel(st, dy, x, mean, rstd, gamma):
     stats = [rstd] if st.kind == RMS else [mean, rstd]
     target = "jrn_rms_norm_grad_stats" if st.kind == RMS else "jrn_layer_norm_grad_stats"
-    shape = x.shape[:-1] + ((2,) if st.kind == LAYER else ())
-    return _call(target, [(shape, np.float32)], dy, x, *stats, gamma,
+    return _call(target, [(_row_stats_shape(st.kind, x), np.float32)], dy, x, *stats, gamma,
                  zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)[0]
 
 
