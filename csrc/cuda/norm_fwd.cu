@@ -834,15 +834,15 @@ bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
 
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
-  if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
+  const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
+  if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   const T* src = static_cast<const T*>(a.x);
   if (!a.given_stats) {
     fwd_add_stats<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
     JRN_RETURN_IF_ERROR(check_launch("fwd_add_stats"));
     src = static_cast<const T*>(a.h);
   }
-  const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
-  if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   fwd_apply<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows * chunks), kApplyThreads, 0, stream>>>(
       a, src, static_cast<int>(chunks));
   return check_launch("fwd_apply");

@@ -120,7 +120,7 @@ inline int x_stats_threads(int64_t nvec, int64_t rows) {
   const int sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
   const int64_t fill = (static_cast<int64_t>(sms) * 2048 + rows - 1) / std::max<int64_t>(rows, 1);
   const int64_t want = std::max({(nvec + kXRowPacks - 1) / kXRowPacks, fill, std::min<int64_t>(nvec, 32)});
-  return static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(std::min<int64_t>(want, kThreads))));
+  return pow2_ceil(std::min<int64_t>(want, kThreads));  // kThreads is a power of two
 }
 
 }  // namespace
