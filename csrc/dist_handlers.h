@@ -4,6 +4,8 @@
 //   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row sum gdy*xhat (LayerNorm: and sum gdy)
 //   *_apply       (x, gamma, [beta], [mean], rstd) -> y, with given statistics
 //   *_bwd_given   the backward with given per-row (c1, c2) coefficients
+//   *_bwd_given_add  the same, with the residual's gradient dh added to dx
+//                 (the residual add + norm with the hidden dim split)
 //
 // BACKEND additionally provides
 //   template <NormKind K, class T> static ffi::Error stats(CTX, const StatsArgs&);
@@ -91,6 +93,19 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
         [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
+  /* The backward with given coefficients (and, with dh, the residual's */                      \
+  /* gradient added to dx): the kernels of the plain backward.          */                      \
+  template <NormKind K>                                                                         \
+  xf::Error BwdGiven(CTX_DECL xf::AnyBuffer dy, xf::AnyBuffer x, const xf::AnyBuffer* mean,     \
+                     xf::AnyBuffer rstd, xf::AnyBuffer g, xf::AnyBuffer coef, xf::AnyBuffer dx, \
+                     xf::AnyBuffer dg, xf::AnyBuffer* db, xf::AnyBuffer ws, bool zc,            \
+                     bool has_gamma, bool has_beta, const xf::AnyBuffer* dh) {                  \
+    if (auto e = check_coef(coef, x, K); e.failure()) return e;                                 \
+    return jrn_handlers_##PREFIX::Bwd<K>(                                                       \
+        CTX dy, x, mean, rstd, g, dx, dg, db, static_cast<float*>(ws.untyped_data()),           \
+        static_cast<int64_t>(ws.element_count()), zc, has_gamma, has_beta,                      \
+        static_cast<const float*>(coef.untyped_data()), dh);                                    \
+  }                                                                                             \
   }                                                                                             \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormStats,                                                                     \
@@ -160,13 +175,10 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
          ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,                                   \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
-        if (auto e = ::jrn::check_coef(coef, x, ::jrn::NormKind::kRms); e.failure()) return e;  \
-        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                               \
-            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false,                    \
-            static_cast<const float*>(coef.untyped_data()));                                    \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                              \
+            CTX dy, x, nullptr, rstd, g, coef, *dx, *dg, nullptr, *ws, zc, has_gamma, false, nullptr); \
       },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 3)                                                         \
+      JRN_BUFFERS(BIND, 5, 3)                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma"),                                                             \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
@@ -177,13 +189,38 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
          bool zc, bool has_gamma, bool has_beta) {                                              \
-        if (auto e = ::jrn::check_coef(coef, x, ::jrn::NormKind::kLayer); e.failure()) return e; \
-        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                             \
-            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta,                 \
-            static_cast<const float*>(coef.untyped_data()));                                    \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                            \
+            CTX dy, x, &mean, rstd, g, coef, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, nullptr); \
       },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 4)                                                         \
+      JRN_BUFFERS(BIND, 6, 4)                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta"),                                                              \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormBwdGivenAdd,                                                               \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
+         ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef, ::xla::ffi::AnyBuffer dh,         \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                              \
+            CTX dy, x, nullptr, rstd, g, coef, *dx, *dg, nullptr, *ws, zc, has_gamma, false, &dh); \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 6, 3)                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma"),                                                             \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormBwdGivenAdd,                                                             \
+      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
+         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,       \
+         ::xla::ffi::AnyBuffer dh, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx,                \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma, bool has_beta) { \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                            \
+            CTX dy, x, &mean, rstd, g, coef, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, &dh); \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 7, 4)                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \

@@ -22,6 +22,8 @@
       d["jrn_layer_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormApply));\
       d["jrn_rms_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGiven));\
       d["jrn_layer_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdGiven));\
+      d["jrn_rms_norm_bwd_given_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGivenAdd));\
+      d["jrn_layer_norm_bwd_given_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdGivenAdd));\
       d["jrn_rms_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormFwdFused)); \
       d["jrn_layer_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwdFused)); \
       d["jrn_rms_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdAdd)); \

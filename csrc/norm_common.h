@@ -287,7 +287,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 
 }  // namespace jrn
 
-// BIND followed by A buffer arguments and R buffer results (A, R <= 6).
+// BIND followed by A buffer arguments and R buffer results (A, R <= 7).
 #define JRN_REP0(X)
 #define JRN_REP1(X) X
 #define JRN_REP2(X) X X
@@ -295,6 +295,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 #define JRN_REP4(X) X X X X
 #define JRN_REP5(X) X X X X X
 #define JRN_REP6(X) X X X X X X
+#define JRN_REP7(X) X X X X X X X
 #define JRN_BUFFERS(BIND, A, R) \
   BIND JRN_REP##A(.Arg<::xla::ffi::AnyBuffer>()) JRN_REP##R(.Ret<::xla::ffi::AnyBuffer>())
 

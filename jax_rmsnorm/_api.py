@@ -121,18 +121,19 @@ def _forward(x, gamma, beta, cfg: _Config, mean=None, rstd=None):
                     has_gamma=gamma is not None, has_beta=beta is not None, mean=mean, rstd=rstd)
 
 
-def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config, coef=None):
+def _backward(dy, x, mean, rstd, gamma, beta, cfg: _Config, coef=None, dh=None):
     """(dx, dgamma or None, dbeta or None) from the backward kernel; ``coef``:
     the per-row means of whole rows, if given (see ``_grad_sums``, over the
-    hidden size)."""
+    hidden size); ``dh`` (x's shape and dtype): added to ``dx`` in the kernel
+    (the residual add's gradient)."""
     if x.size == 0:
         zeros = lambda p: None if p is None else jnp.zeros_like(p)
-        return jnp.zeros_like(x), zeros(gamma), zeros(beta)
+        return (jnp.zeros_like(x) if dh is None else dh), zeros(gamma), zeros(beta)
     ph = _placeholder(_param_dtype(x, gamma, beta))
     dx, dgamma, dbeta = norm_bwd(dy, x, mean, rstd, ph if gamma is None else gamma,
                                  ph if beta is None else beta, kind=cfg.kind,
                                  zero_centered_gamma=cfg.zero_centered_gamma,
-                                 has_gamma=gamma is not None, has_beta=beta is not None, coef=coef)
+                                 has_gamma=gamma is not None, has_beta=beta is not None, coef=coef, dh=dh)
     return dx, (dgamma if gamma is not None else None), (dbeta if beta is not None else None)
 
 

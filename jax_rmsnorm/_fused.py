@@ -20,9 +20,10 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._api import _Config, _check_eps, _check_param, _check_x, _dtype_name, _as_array, _backward, \
-    _no_fp8_options, _sum_to_primal_vma
-from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, norm_bwd, norm_fwd_fused
+from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
+    _backward, _full_hidden, _grad_sums, _no_fp8_options, _sliced_forward, _sum_to_primal_vma
+from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, kernel_param, norm_fwd_fused, \
+    residual_sum
 
 Array = jax.Array
 
@@ -180,6 +181,9 @@ class _FusedConfig:
     spec: FusedSpec
     x_dtype: np.dtype  # the gradients' dtypes
     r_dtype: Optional[np.dtype]
+    # Inside shard_map: the mesh axes the hidden dim is split over (residual
+    # add + norm only); statistics of whole rows are combined over them.
+    axes: tuple = ()
 
 
 def _param_dtype(x, gamma, beta):
@@ -188,8 +192,13 @@ def _param_dtype(x, gamma, beta):
 
 
 def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
-    """(y or q, mean, rstd, h, qs) from one forward kernel."""
+    """(y or q, mean, rstd, h, qs) from one forward kernel (with ``cfg.axes``:
+    ``h``, then the norm of a slice of the hidden dim)."""
     spec, norm = cfg.spec, cfg.norm
+    if cfg.axes:
+        h = residual_sum(x, residual, spec.h_dtype)
+        y, mean, rstd = _sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes)
+        return y.astype(x.dtype), mean, rstd, h, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
         y = jnp.zeros(x.shape, spec.out_dtype or x.dtype)
@@ -250,23 +259,14 @@ def _fused_bwd(cfg, res, cts):
         gx, gxs = x_grads(dx)
         return (gx, None, _sum_to_primal_vma(dgamma, gamma), _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
     dh = ct_h.astype(saved.dtype)
-    if saved.size == 0:
-        zeros = lambda p: None if p is None else jnp.zeros_like(p)
-        dx, dgamma, dbeta = dh, zeros(gamma), zeros(beta)
-    else:
-        # The kernels take parameters in float32 or the input's dtype: with h
-        # in float32 and bf16/f16 parameters, they run in float32.
-        pdt = _param_dtype(saved, gamma, beta)
-        if pdt not in (jnp.float32, saved.dtype):
-            pdt = jnp.float32
-        cast = lambda p: None if p is None else p.astype(pdt)
-        ph = _placeholder(pdt)
-        g, b = cast(gamma), cast(beta)
-        dx, dgamma, dbeta = norm_bwd(dy, saved, mean, rstd, ph if g is None else g, ph if b is None else b,
-                                     kind=norm.kind, zero_centered_gamma=norm.zero_centered_gamma,
-                                     has_gamma=gamma is not None, has_beta=beta is not None, dh=dh)
-        dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
-        dbeta = None if beta is None else dbeta.astype(beta.dtype)
+    # With h in float32 and bf16/f16 parameters, the kernels run in float32.
+    g, b = kernel_param(gamma, saved), kernel_param(beta, saved)
+    coef = None
+    if cfg.axes and saved.size:  # the rows' sums, of whole rows
+        coef = jax.lax.psum(_grad_sums(dy, saved, mean, rstd, g, norm), cfg.axes) / _full_hidden(saved, cfg.axes)
+    dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, g, b, norm, coef=coef, dh=dh)
+    dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
+    dbeta = None if beta is None else dbeta.astype(beta.dtype)
     gx, gxs = x_grads(dx)
     return (gx, _sum_to_primal_vma(dx.astype(r_dtype), saved), _sum_to_primal_vma(dgamma, gamma),
             _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
@@ -276,13 +276,18 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
-         out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None):
+         out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None,
+         axis_name=None):
     """Checks the arguments, then returns (y or q, h or None, qs or None).
 
     ``x_scale``/``x_group_size``/``dtype``: an FP8 ``x``'s scales, the columns
-    per scale (None: one scale for the tensor), and the output dtype."""
+    per scale (None: one scale for the tensor), and the output dtype.
+    ``axis_name``: inside shard_map, the mesh axes splitting the hidden dim
+    (residual add + norm of a float ``x`` only)."""
     spec = dict(quant=quant)
     if is_fp8(x):
+        if axis_name is not None:
+            raise NotImplementedError("axis_name is not supported with an FP8 x yet")
         if quant is not None:
             raise TypeError(f"x must be float32, bfloat16 or float16 for an FP8 output, got {_dtype_name(x.dtype)}")
         x, x_scale, group, typed = _check_fp8_input(x, x_scale, x_group_size, dtype)
@@ -310,7 +315,8 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
     if quant == "group":
         spec["group_size"] = _check_group_size(group_size, x)
     cfg = _FusedConfig(_Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
-                       None if residual is None else np.dtype(residual.dtype))
+                       None if residual is None else np.dtype(residual.dtype),
+                       () if axis_name is None else _axes_tuple(axis_name))
     return _fused(x, residual, gamma, beta, scale, x_scale, cfg)
 
 
@@ -341,10 +347,14 @@ _transposed.defvjp(_transposed_fwd, _transposed_bwd)
 
 
 def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
-                 zero_centered_gamma: bool = False, h_dtype=None, x_scale=None, group_size=None, dtype=None):
+                 zero_centered_gamma: bool = False, h_dtype=None, axis_name=None, x_scale=None, group_size=None,
+                 dtype=None):
     """Residual add fused with RMSNorm: ``h = x + residual``, ``y = rms_norm(h)``.
 
-    One pass: reads ``x`` and ``residual``, writes ``h`` and ``y``.
+    One pass: reads ``x`` and ``residual``, writes ``h`` and ``y``. With the
+    hidden dim split across devices (sharded ``jit``, or ``axis_name``), three
+    passes over each device's slice (``h``; its statistics, of which only one
+    float a row crosses devices; ``y``).
 
     Args:
       x: ``(..., hidden)``, float32, bfloat16 or float16.
@@ -354,6 +364,10 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       h_dtype: dtype of ``h``: ``x.dtype`` (default) or float32 (keep the
         residual stream in float32 while ``x`` is bf16/f16). The sum is taken
         in float32 and rounded to ``h_dtype``; ``y`` normalizes ``h`` as stored.
+      axis_name: inside ``shard_map``, the mesh axis name (or tuple of names)
+        over which the hidden dim is split (``x``, ``residual`` and ``gamma``
+        are this device's slices), as in :func:`rms_norm`. Not with an FP8
+        ``x``.
       x_scale, group_size, dtype: for an FP8 ``x``, as in :func:`rms_norm`;
         ``x.dtype`` above then means ``dtype``.
 
@@ -364,20 +378,20 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       of both ``x`` and ``residual`` (each in its own dtype).
     """
     y, h, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype)
+                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
 
 def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
-                   eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None, x_scale=None,
-                   group_size=None, dtype=None):
+                   eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None, axis_name=None,
+                   x_scale=None, group_size=None, dtype=None):
     """Residual add fused with LayerNorm: ``h = x + residual``, ``y = layer_norm(h)``.
 
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
     gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
     y, h, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype)
+                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
 

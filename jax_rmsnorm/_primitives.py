@@ -13,7 +13,9 @@ the operands are laid out and what each device runs:
   axes that split the rows.
 * hidden dim sharded: each device computes per-row statistics of its slice
   with a kernel, only those statistics (a few floats a row) are combined over
-  the hidden axes, and each device normalizes its own slice.
+  the hidden axes, and each device normalizes its own slice. The fused
+  residual add + norm does the same on its slice of ``h``; the FP8 variants
+  split rows only.
 
 Operands are passed in the layout the kernels read: ``x`` of any rank,
 normalized over its last axis, and parameters (gamma/beta) of shape
@@ -296,13 +298,50 @@ def merge_layer_stats(gathered, slice_len):
     return mean, jnp.sum(m2s, axis=0) + jnp.sum(jnp.square(means - mean), axis=0) * slice_len
 
 
+def hidden_splittable(fused) -> bool:
+    """Whether a fused forward can run on slices of the hidden dim: the
+    residual add alone (FP8 outputs and FP8 input split rows only)."""
+    return fused.residual and fused.quant is None and not fused.x_group_size
+
+
 def _fwd_sharded(st, axes, hidden, x, *rest):
     """The forward on one device's slice of the hidden dim (split over ``axes``)."""
     if st.given_stats:
         return _fwd_local(st, x, *rest)
+    fused = st.get("fused")
+    if fused is not None:
+        return _fwd_add_sharded(st, axes, hidden, x, *rest)
     mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, x), axes, hidden, x.shape[-1], st.eps)
     (y,) = _fwd_local(_with(st, given_stats=True), x, *rest, *([rstd] if st.kind == RMS else [mean, rstd]))
     return [y, rstd] if st.kind == RMS else [y, mean, rstd]
+
+
+def residual_sum(x, residual, h_dtype):
+    """``h = x + residual`` as the fused kernels make it: summed in float32,
+    stored in ``h_dtype``."""
+    return (x.astype(np.float32) + residual.astype(np.float32)).astype(h_dtype)
+
+
+def kernel_param(p, x):
+    """A parameter as the kernels on ``x`` take it: float32 or ``x``'s dtype
+    (others, e.g. bf16 parameters of a float32 ``h``, become float32)."""
+    if p is None or p.dtype in (np.dtype(np.float32), x.dtype):
+        return p
+    return p.astype(np.float32)
+
+
+def _fwd_add_sharded(st, axes, hidden, x, *rest):
+    """The residual add + norm on one device's slice of the hidden dim: ``h``
+    from XLA's elementwise fusion, then the statistics of the slice of ``h``,
+    combined over ``axes``, and the normalization with them. Three passes over
+    the slice instead of the fused kernel's one, but only per-row statistics
+    cross devices."""
+    n_params = 1 if st.kind == RMS else 2
+    params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
+    h = residual_sum(x, residual, st.fused.h_dtype)
+    plain = _Static(st.prim, tuple((k, v) for k, v in st.params if k != "fused"), st.platform)
+    y, *stats = _fwd_sharded(plain, axes, hidden, h, *(kernel_param(p, h) for p in params))
+    return [y.astype(x.dtype), *stats, h, placeholder]
 
 
 def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
@@ -387,9 +426,9 @@ def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_g
              coef=None, dh=None):
     """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS).
 
-    ``dh`` (fused residual add: like ``x``) is added to ``dx`` in the kernel."""
-    if coef is not None and dh is not None:
-        raise NotImplementedError("the backward takes given coefficients or dh, not both")
+    ``coef``: the rows' coefficients, given (the hidden dim split across
+    devices); ``dh`` (fused residual add: like ``x``) is added to ``dx`` in the
+    kernel."""
     params = dict(kind=kind, zero_centered_gamma=bool(zero_centered_gamma),
                   has_gamma=bool(has_gamma), has_beta=bool(has_beta), has_coef=coef is not None,
                   has_dh=dh is not None)
@@ -443,7 +482,7 @@ def _bwd_local(st, dy, x, *rest):
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta
     base = "jrn_rms_norm_bwd" if st.kind == RMS else "jrn_layer_norm_bwd"
-    target = base + ("_given" if st.has_coef else "_add" if st.has_dh else "")
+    target = base + ("_given" if st.has_coef else "") + ("_add" if st.has_dh else "")
     outs = _call(target, [(x.shape, x.dtype), *param_outs, ((n_floats,), np.float32)],
                  dy, x, *stats, gamma, *extra, **attrs)
     return outs[:-1]  # the workspace is scratch
@@ -459,7 +498,9 @@ def _bwd_sharded(st, axes, hidden, dy, x, *rest):
     mean = stats[0] if st.kind == LAYER else None
     sums = _grad_stats_kernel(st, dy, x, mean, stats[-1], ps[0])
     coef = jax.lax.psum(sums, axes) / hidden
-    return _bwd_local(_with(st, has_coef=True), dy, x, *rest, coef)
+    # The coefficients go before the residual's gradient (if any).
+    dh = [rest[-1]] if st.has_dh else []
+    return _bwd_local(_with(st, has_coef=True), dy, x, *rest[:len(rest) - len(dh)], coef, *dh)
 
 
 def _bwd_batch(args, dims, **params):
@@ -589,13 +630,14 @@ def _layout(st, mesh, arg_infos, result_infos):
     rows = tuple(fits(e, n) for e, n in zip(spec[:-1], first.shape[:-1]))
     hidden = fits(spec[-1], first.shape[-1])
     fused = st.get("fused")
-    if fused is not None or st.get("has_dh"):
-        # The fused variants split rows only (the hidden dim is gathered).
-        # A scale from a whole tensor's amax (current scaling, or a per-tensor
-        # scale per vmapped example) needs the whole tensor on every device.
+    if fused is not None and not hidden_splittable(fused):
+        # FP8 outputs and FP8 input split rows only (the hidden dim is
+        # gathered). A scale from a whole tensor's amax (current scaling, or a
+        # per-tensor scale per vmapped example) needs the whole tensor on
+        # every device.
         hidden = None
-        scale = arg_infos[-2] if fused is not None else None
-        if fused is not None and (fused.quant == "current" or (fused.quant == "tensor" and scale.shape)):
+        scale = arg_infos[-2]
+        if fused.quant == "current" or (fused.quant == "tensor" and scale.shape):
             rows = (None,) * len(rows)
 
     def spec_for(role, info_shape):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_rmsnorm as jrn
-from reference import TOL, f64, poison, random, ref_forward
+from reference import TOL, f64, poison, random, ref_add, ref_backward, ref_forward
 
 
 def _mesh(platform, data, model, axis_type=AxisType.Auto):
@@ -95,20 +95,26 @@ def _collectives(hlo):
     return out
 
 
+def _hidden_sharded_hlo(axis_type, loss, n_x, seed, rows=64, hidden=1024):
+    """The optimized HLO of value_and_grad(loss) on a 2 x 4 mesh, with its
+    first ``n_x`` arguments (rows, hidden) split over ("data", "model") and the
+    two parameters after them (hidden,) over "model"; and its collectives."""
+    mesh = _mesh("cpu", 2, 4, axis_type)
+    xs = [random(seed + i, (rows, hidden), jnp.float32) for i in range(n_x)]
+    g = random(seed + n_x, (hidden,), jnp.float32)
+    f = jax.jit(jax.value_and_grad(loss, tuple(range(n_x + 2))))
+    with jax.set_mesh(mesh):
+        args = ([jax.device_put(x, NamedSharding(mesh, P("data", "model"))) for x in xs]
+                + [jax.device_put(g, NamedSharding(mesh, P("model")))] * 2)
+        hlo = f.lower(*args).compile().as_text()
+    return hlo, _collectives(hlo)
+
+
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 def test_hidden_sharded_hlo_moves_statistics_only(axis_type, kind):
-    mesh = _mesh("cpu", 2, 4, axis_type)
     rows, hidden = 64, 1024
-    x = random(4, (rows, hidden), jnp.float32)
-    g = random(5, (hidden,), jnp.float32)
-    f = jax.jit(jax.value_and_grad(_loss(kind, False), (0, 1, 2)))
-    with jax.set_mesh(mesh):
-        args = (jax.device_put(x, NamedSharding(mesh, P("data", "model"))),
-                jax.device_put(g, NamedSharding(mesh, P("model"))),
-                jax.device_put(g, NamedSharding(mesh, P("model"))))
-        hlo = f.lower(*args).compile().as_text()
-    comms = _collectives(hlo)
+    hlo, comms = _hidden_sharded_hlo(axis_type, _loss(kind, False), 1, 4, rows, hidden)
     local_rows, local_hidden = rows // 2, hidden // 4
     # Statistics: a few floats a row (the gathered LayerNorm pairs are 2 per
     # row per device); dgamma/dbeta slices: the local hidden slice.
@@ -406,7 +412,8 @@ def test_all_reduce_rms_norm_errors():
 
 
 # ---------------------------------------------------------------------------
-# the fused variants under sharded jit: split over rows (the hidden dim is
+# the fused variants under sharded jit: the residual add + norm splits rows and
+# the hidden dim; the FP8 variants split rows only (the hidden dim is
 # gathered); per-tensor amax is the max over every device's rows
 
 
@@ -466,3 +473,116 @@ def test_fused_rows_sharded_hlo():
     comms = _collectives(f.lower(*args).compile().as_text())
     # only the amax (one float) crosses devices
     assert comms and all(op == "all-reduce" and n <= 1 for op, n in comms), comms
+
+
+def _add_norm(kind, h_dtype, zero_centered):
+    def fn(x, r, g, b):
+        if kind == "rms":
+            return jrn.add_rms_norm(x, r, g, h_dtype=h_dtype, zero_centered_gamma=zero_centered)
+        return jrn.add_layer_norm(x, r, g, b, h_dtype=h_dtype, zero_centered_gamma=zero_centered)
+
+    def loss(x, r, g, b):
+        y, h = fn(x, r, g, b)
+        return loss_of(y.astype(jnp.float32)) + loss_of(h.astype(jnp.float32))
+    return fn, loss
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("h_dtype", [None, jnp.float32], ids=["h_x", "h_f32"])
+def test_add_norm_hidden_sharded_matches_unsharded(platform, axis_type, kind, h_dtype):
+    # rows and hidden split at once (2 x 4), rank-3 x, bf16 parameters (with
+    # h in float32 the kernels take them in float32), zero-centered gamma
+    mesh = _mesh(platform, 2, 4, axis_type)
+    x = random(41, (4, 6, 128), jnp.bfloat16, scale=2.0)
+    r = random(42, (4, 6, 128), jnp.bfloat16)
+    g = random(43, (128,), jnp.bfloat16)
+    b = random(44, (128,), jnp.bfloat16)
+    fn, loss = _add_norm(kind, h_dtype, True)
+    f = jax.jit(lambda *a: (fn(*a), jax.grad(loss, (0, 1, 2, 3))(*a)))
+    dev = jax.devices(platform)[0]
+    want = f(*jax.device_put((x, r, g, b), dev))
+    xs, ps = NamedSharding(mesh, P("data", None, "model")), NamedSharding(mesh, P("model"))
+    with jax.set_mesh(mesh):
+        got = f(jax.device_put(x, xs), jax.device_put(r, xs), jax.device_put(g, ps), jax.device_put(b, ps))
+    (y, h), grads = got
+    assert h.dtype == (h_dtype or jnp.bfloat16) and y.dtype == jnp.bfloat16
+    assert y.sharding.spec == P("data", None, "model"), y.sharding
+    for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert a.dtype == w.dtype and a.shape == w.shape
+        assert np.all(np.isfinite(f64(a)))
+        # Same statistics up to float32 summation order: within bf16 rounding.
+        np.testing.assert_allclose(f64(a), f64(w), rtol=2e-2, atol=2e-2)
+    # h is x + residual, computed the same way on every device: exact
+    np.testing.assert_array_equal(f64(h), f64(want[0][1]))
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_add_norm_hidden_sharded_hlo_moves_statistics_only(axis_type, kind):
+    rows, hidden = 64, 1024
+    hlo, comms = _hidden_sharded_hlo(axis_type, _add_norm(kind, None, False)[1], 2, 45, rows, hidden)
+    local_rows, local_hidden = rows // 2, hidden // 4
+    # No activation moves: statistics (RMSNorm one float a row each way,
+    # LayerNorm's gathered pairs and two gradient sums a row) and the
+    # dgamma/dbeta slices summed over the rows' axis (with the loss's scalars).
+    assert comms and any(op == "all-reduce" for op, _ in comms)
+    assert all(n <= max(2 * local_rows * 4, 2 * local_hidden + 2) for _, n in comms), comms
+    # XLA may combine the loss's two scalars (of y and of h) with them.
+    per_row = 1 if kind == "rms" else 2
+    stats = [n for _, n in comms if n < local_hidden]
+    assert stats and max(stats) <= per_row * local_rows + 2, comms
+    assert "jrn_" + kind + "_norm_bwd_given_add" in hlo
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("dtype,h_dtype", [(jnp.float32, None), (jnp.bfloat16, None),
+                                           (jnp.bfloat16, jnp.float32)], ids=["f32", "bf16", "bf16_h_f32"])
+def test_add_norm_shard_map_axis_name(platform, kind, dtype, h_dtype):
+    # The hidden dim split over "model" (on one GPU, an axis of size 1: the
+    # same code path and kernels), against float64 references.
+    n = 4 if platform == "cpu" else min(2, len(jax.devices(platform)))
+    mesh = _mesh(platform, 2 if platform == "cpu" else 1, n)
+    x = random(48, (8, 3, 128), dtype, scale=2.0, offset=0.5)
+    r = random(49, (8, 3, 128), dtype)
+    g = random(50, (128,), jnp.float32)
+    b = random(51, (128,), jnp.float32)
+    dy = random(52, (8, 3, 128), dtype)
+    dh = random(53, (8, 3, 128), h_dtype or dtype)
+    eps = 1e-5
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("data", None, "model"),) * 2 + (P("model"),) * 2,
+             out_specs=(P("data", None, "model"),) * 2)
+    def fwd(x, r, g, b):
+        if kind == "rms":
+            return jrn.add_rms_norm(x, r, g, eps=eps, h_dtype=h_dtype, axis_name="model")
+        return jrn.add_layer_norm(x, r, g, b, eps=eps, h_dtype=h_dtype, axis_name="model")
+
+    y, h = fwd(x, r, g, b)
+    want_h = ref_add(x, r, h_dtype or dtype)
+    np.testing.assert_array_equal(f64(h), f64(want_h))
+    want_y = ref_forward(kind, want_h, g, b if kind == "layer" else None, eps=eps)[0]
+    assert y.dtype == dtype and h.dtype == (h_dtype or dtype)
+    _close(y, want_y, dtype)
+
+    # Gradients: the norm's dx at h plus dh, for both x and the residual.
+    (_, vjp) = jax.vjp(fwd, x, r, g, b)
+    gx, gr, gg, gb = jax.jit(vjp)((dy, dh))
+    rdx, rdg, rdb = ref_backward(kind, dy, want_h, g, eps=eps)
+    want_dx = rdx + f64(dh)
+    scale = 20 if (h_dtype or dtype) == jnp.float32 else 2
+    for got, want in ((gx, want_dx), (gr, want_dx)):
+        assert got.dtype == dtype
+        _close(got, want, dtype, scale=scale)
+    np.testing.assert_allclose(f64(gg), rdg, rtol=1e-3 if dtype == jnp.float32 else 2e-2, atol=1e-3 * x.size)
+    if kind == "layer":
+        np.testing.assert_allclose(f64(gb), rdb, rtol=1e-3 if dtype == jnp.float32 else 2e-2, atol=1e-3 * x.size)
+    else:
+        assert not np.any(f64(gb))  # beta is not an input of the RMSNorm
+
+
+def test_add_norm_axis_name_errors():
+    q = jnp.ones((4, 16), jnp.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="axis_name is not supported with an FP8 x"):
+        jrn.add_rms_norm(q, jnp.ones((4, 16), jnp.bfloat16), x_scale=jnp.float32(1.0), axis_name="model")
