@@ -11,6 +11,10 @@ first:
   rows    x sharded over its rows (data/sequence parallel)
   hidden  x sharded over its hidden dim (tensor parallel over hidden)
 
+Then the residual add + RMSNorm (add_rms_norm: y and h from x and the
+residual; forward, and forward + backward with the cotangents of y and h as
+inputs) in both layouts, against XLA's partitioning of the jnp version.
+
 Then all_reduce_rms_norm (by its default method, and reduce-scatter, normalize,
 all-gather) against psum followed by the norm (ours, and the jnp one), inside
 shard_map: forward only, forward+backward, and forward after the row-parallel
@@ -20,6 +24,7 @@ matmul that makes the partial sums.
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
     python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
     python benchmarks/bench_dist.py --all-reduce-only
+    python benchmarks/bench_dist.py --add-only         # only the residual add + norm table
     python benchmarks/bench_dist.py --kernels          # device time of each kernel (profiler trace)
 """
 
@@ -123,6 +128,49 @@ def pieces(xl, dyl, gl, H, args):
         print(f"| {name} | {t * 1e6:.1f} | {bw / 1e12:.2f} | {100 * bw / copy_bw:.0f}% | {tx * 1e6:.1f} | {tx / t:.2f}x |")
 
 
+def add_table(devices, xs, dys, g, args):
+    """add_rms_norm against h = x + residual and the jnp norm, sharded by
+    rows and by the hidden dim: the forward, and forward + backward in one
+    program (dy and dh inputs; gradients of x, residual and gamma)."""
+    n = len(devices)
+
+    def jnp_add_rms(x, r, g):
+        h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+        return jnp_rms(h, g), h
+
+    def both(fn):
+        def run(x, r, g, dy, dh):
+            (y, h), vjp = jax.vjp(fn, x, r, g)
+            return (y, h) + vjp((dy, dh))
+        return jax.jit(run)
+
+    ours_f = lambda x, r, g: jrn.add_rms_norm(x, r, g)
+    variants = {"fwd": (jax.jit(ours_f), jax.jit(jnp_add_rms), 3),
+                "fwd+bwd, one program": (both(ours_f), both(jnp_add_rms), 5)}
+    rs, dhs = xs[::-1], dys[::-1]  # residuals: the other x; dh: the other dy
+    unsharded = (xs[0], rs[0], g, dys[0], dhs[0])
+    want = {part: f_ours(*unsharded[:nargs]) for part, (f_ours, _, nargs) in variants.items()}
+    print("\nresidual add + RMSNorm (add_rms_norm: y and h), sharded by rows or by the hidden dim")
+    print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
+    print("|---|---|---|---|---|---|")
+    for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
+        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
+                                 axis_types=(AxisType.Auto,) * 2)
+        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+        gs = put(g, P(spec[1]))
+        sets = [(put(x, spec), put(r, spec), gs, put(dy, spec), put(dh, spec))
+                for x, r, dy, dh in zip(xs, rs, dys, dhs)]
+        for part, (f_ours, f_xla, nargs) in variants.items():
+            times = {}
+            for name, fn in (("ours", f_ours), ("xla", f_xla)):
+                errs = [rel_err(a, b) for a, b in zip(fn(*sets[0][:nargs]), want[part])]
+                if max(errs) > 2e-2:
+                    raise SystemExit(f"add {layout} {part} {name}: results differ from the unsharded ones: {errs}")
+                times[name] = bench(fn, [a[:nargs] for a in sets], args.iters, args.reps, one_program=False)
+            print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
+                  f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
+
+
 def kernel_times(programs, calls=10):
     """Device time per call of each kernel of each program on the first GPU,
     read from a jax.profiler trace: where the hidden layout's time goes
@@ -163,6 +211,7 @@ def main():
     ap.add_argument("--pieces-only", action="store_true",
                     help="only the per-device kernel table (the slice is hidden / devices wide)")
     ap.add_argument("--all-reduce-only", action="store_true", help="only the all_reduce_rms_norm table")
+    ap.add_argument("--add-only", action="store_true", help="only the residual add + norm table")
     ap.add_argument("--kernels", action="store_true",
                     help="only the device time of each kernel of the hidden layout's programs")
     ap.add_argument("--k-local", type=int, default=1024,
@@ -193,6 +242,9 @@ def main():
         return
     if args.all_reduce_only:
         all_reduce_table(devices, dt, g, H, keys, args)
+        return
+    if args.add_only:
+        add_table(devices, xs, dys, g, args)
         return
 
     ours = step(lambda x, g: jrn.rms_norm(x, g))
@@ -253,6 +305,7 @@ def main():
     if args.kernels:
         return
     pieces(*slice_args)
+    add_table(devices, xs, dys, g, args)
 
     all_reduce_table(devices, dt, g, H, keys, args)
 

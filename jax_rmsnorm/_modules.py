@@ -19,12 +19,16 @@ def check_flax_module(mod) -> None:
     """Construction-time checks of the Flax (linen and NNX) modules' options."""
     check_last_axis("reduction_axes", mod.reduction_axes)
     check_last_axis("feature_axes", mod.feature_axes)
-    if mod.axis_name is not None or mod.axis_index_groups is not None:
-        raise NotImplementedError("jax_rmsnorm modules do not take axis_name/axis_index_groups yet")
+    if mod.axis_index_groups is not None:
+        raise NotImplementedError("jax_rmsnorm modules do not take axis_index_groups yet")
 
 
-def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered_gamma: bool):
+def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered_gamma: bool, axis_name=None):
     """Normalizes ``x`` over its last axis and returns it in ``out_dtype``.
+
+    ``axis_name``: the mesh axis (or axes) over which the features are split
+    inside ``shard_map``: statistics of whole rows are combined over it, as
+    flax's ``axis_name`` averages its statistics over it.
 
     Where ``out_dtype`` is wider than ``x`` (bf16 input with float32 parameters,
     say), ``x`` is widened first so that the kernel writes the wide result
@@ -41,11 +45,11 @@ def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered
         x = x.astype(widen_to)
     scale, bias = _as_params(x.dtype, scale, bias)
     if kind == "rms":
-        y = rms_norm(x, scale, eps=eps, zero_centered_gamma=zero_centered_gamma)
+        y = rms_norm(x, scale, eps=eps, zero_centered_gamma=zero_centered_gamma, axis_name=axis_name)
         if bias is not None:
             y = y + bias.astype(y.dtype)
     else:
-        y = layer_norm(x, scale, bias, eps=eps, zero_centered_gamma=zero_centered_gamma)
+        y = layer_norm(x, scale, bias, eps=eps, zero_centered_gamma=zero_centered_gamma, axis_name=axis_name)
     return y.astype(out_dtype)
 
 

@@ -62,7 +62,8 @@ def test_linen_matches_flax(name, kwargs, xdtype, platform):
         _close(a, b, jnp.promote_types(a.dtype, xdtype) if a.dtype != jnp.float32 else xdtype)
 
 
-@pytest.mark.parametrize("kwargs", [{"reduction_axes": 0}, {"feature_axes": (0, 1)}, {"axis_name": "batch"}])
+@pytest.mark.parametrize("kwargs", [{"reduction_axes": 0}, {"feature_axes": (0, 1)},
+                                    {"axis_name": "model", "axis_index_groups": [[0, 1]]}])
 def test_linen_unsupported_options_raise_at_construction(kwargs):
     with pytest.raises(NotImplementedError):
         jlinen.LayerNorm(**kwargs)
@@ -123,3 +124,46 @@ def test_zero_centered_gamma_option():
     lin = jlinen.RMSNorm(zero_centered_gamma=True)
     p = {"params": {"scale": jnp.full((16,), 0.5)}}
     _close(lin.apply(p, x), flax_linen.RMSNorm().apply({"params": {"scale": jnp.full((16,), 1.5)}}, x), jnp.float32)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+@pytest.mark.parametrize("name", ["RMSNorm", "LayerNorm"])
+def test_axis_name_features_split_matches_flax(api, name):
+    # Inside shard_map with the features split over "model" (4 CPU devices):
+    # flax averages its statistics over the axis; ours combines the kernels'
+    # per-row statistics over it. Same outputs and gradients.
+    from functools import partial
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices("cpu")
+    if len(devices) < 4:
+        pytest.skip("needs 4 CPU devices")
+    mesh = jax.sharding.Mesh(np.asarray(devices[:4]), ("model",))
+    x = random(6, (6, 64), jnp.float32, scale=2.0, offset=0.7)
+    kwargs = dict(axis_name="model", use_fast_variance=False) if name == "LayerNorm" else dict(axis_name="model")
+    if api == "linen":
+        mods = [getattr(m, name)(**kwargs) for m in (jlinen, flax_linen)]
+        params = flax_linen.LayerNorm().init(jax.random.key(0), x)["params"] if name == "LayerNorm" else {
+            "scale": jnp.ones((64,))}
+        params = jax.tree.map(lambda p: p + random(7, p.shape, p.dtype, scale=0.3), params)
+        calls = [lambda p, xs, m=m: m.apply({"params": p}, xs) for m in mods]
+    else:
+        params = {k: random(8 + i, (64,), jnp.float32, scale=0.3, offset=1.0)
+                  for i, k in enumerate(["scale", "bias"][:2 if name == "LayerNorm" else 1])}
+
+        def call_nnx(p, xs, cls):
+            m = cls(16, rngs=nnx.Rngs(0), **kwargs)  # this device's 16 features
+            for k, v in p.items():
+                getattr(m, k)[...] = v
+            return m(xs)
+        calls = [partial(call_nnx, cls=getattr(m, name)) for m in (jnnx, nnx)]
+    results = []
+    for call in calls:
+        run = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=(P("model"), P(None, "model")),
+                                    out_specs=P(None, "model"), check_vma=False))
+        loss = lambda p, x: jnp.sum(jnp.sin(run(p, x)))
+        results.append((run(params, x), jax.grad(loss, (0, 1))(params, x)))
+    (y, g), (y_ref, g_ref) = results
+    _close(y, y_ref, jnp.float32)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+        _close(a, b, jnp.float32)

@@ -5,10 +5,13 @@ existing parameters load unchanged. Flax NNX modules are in
 ``jax_rmsnorm.flax.nnx``.
 
 Differences: normalization is over the last axis only (``reduction_axes`` and
-``feature_axes`` must be -1), ``axis_name``/``axis_index_groups`` are not
-supported yet (both raise at construction); statistics are always float32 and
-two-pass (``use_fast_variance`` and ``force_float32_reductions`` are accepted
-and change nothing). Extra: ``zero_centered_gamma`` scales by ``1 + scale``.
+``feature_axes`` must be -1); ``axis_index_groups`` is not supported yet
+(raises at construction); statistics are always float32 and two-pass
+(``use_fast_variance`` and ``force_float32_reductions`` are accepted and change
+nothing). ``axis_name`` works as in flax, inside ``shard_map`` with the
+features split over that mesh axis: each device holds a slice of the features
+(and of ``scale``/``bias``), and only per-row statistics cross devices. Extra:
+``zero_centered_gamma`` scales by ``1 + scale``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class RMSNorm(nn.RMSNorm):
                  if self.use_scale else None)
         return normalize("rms", x, scale, None, eps=self.epsilon,
                          out_dtype=_out_dtype(self, x, *([scale] if scale is not None else [])),
-                         zero_centered_gamma=self.zero_centered_gamma)
+                         zero_centered_gamma=self.zero_centered_gamma, axis_name=self.axis_name)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -73,4 +76,4 @@ class LayerNorm(nn.LayerNorm):
         bias = self.param("bias", self.bias_init, feat, self.param_dtype) if self.use_bias else None
         params = [p for p in (scale, bias) if p is not None]
         return normalize("layer", x, scale, bias, eps=self.epsilon, out_dtype=_out_dtype(self, x, *params),
-                         zero_centered_gamma=self.zero_centered_gamma)
+                         zero_centered_gamma=self.zero_centered_gamma, axis_name=self.axis_name)

@@ -24,7 +24,7 @@ def _call(mod, kind, x, scale, bias, mask):
     else:
         out_dtype = jnp.result_type(x, *params)
     return normalize(kind, x, scale, bias, eps=mod.epsilon, out_dtype=out_dtype,
-                     zero_centered_gamma=mod.zero_centered_gamma)
+                     zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)
 
 
 class RMSNorm(nnx.RMSNorm):
