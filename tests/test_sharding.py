@@ -491,9 +491,10 @@ def _add_norm(kind, h_dtype, zero_centered):
 @pytest.mark.parametrize("kind", ["rms", "layer"])
 @pytest.mark.parametrize("h_dtype", [None, jnp.float32], ids=["h_x", "h_f32"])
 def test_add_norm_hidden_sharded_matches_unsharded(platform, axis_type, kind, h_dtype):
-    # rows and hidden split at once (2 x 4), rank-3 x, bf16 parameters (with
-    # h in float32 the kernels take them in float32), zero-centered gamma
-    mesh = _mesh(platform, 2, 4, axis_type)
+    # rows and hidden split at once (2 x 4; on GPUs the hidden dim over 2),
+    # rank-3 x, bf16 parameters (with h in float32 the kernels take them in
+    # float32), zero-centered gamma
+    mesh = _mesh(platform, 2, 4, axis_type) if platform == "cpu" else _mesh(platform, 1, 2, axis_type)
     x = random(41, (4, 6, 128), jnp.bfloat16, scale=2.0)
     r = random(42, (4, 6, 128), jnp.bfloat16)
     g = random(43, (128,), jnp.bfloat16)
