@@ -128,11 +128,37 @@ def pieces(xl, dyl, gl, H, args):
         print(f"| {name} | {t * 1e6:.1f} | {bw / 1e12:.2f} | {100 * bw / copy_bw:.0f}% | {tx * 1e6:.1f} | {tx / t:.2f}x |")
 
 
+TABLE_HEAD = "\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |\n|---|---|---|---|---|---|"
+
+
+def layouts(devices):
+    """(layout, mesh shape, x's spec, put) for x sharded over its rows and
+    over its hidden dim, across all of ``devices``."""
+    n = len(devices)
+    for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
+        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
+                                 axis_types=(AxisType.Auto,) * 2)
+        yield layout, shape, spec, lambda a, s, mesh=mesh: jax.device_put(a, NamedSharding(mesh, s))
+
+
+def table_row(label, shape, f_ours, f_xla, arg_sets, ref, args):
+    """Checks ours and XLA's against the unsharded ``ref``, times both and
+    prints the row."""
+    times = {}
+    for name, fn in (("ours", f_ours), ("xla", f_xla)):
+        errs = [rel_err(a, b) for a, b in zip(fn(*arg_sets[0]), ref)]
+        if max(errs) > 2e-2:
+            raise SystemExit(f"{label} {name}: results differ from the unsharded ones: {errs}")
+        times[name] = bench(fn, arg_sets, args.iters, args.reps, one_program=False)
+    layout, part = label.split(" ", 1)
+    print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
+          f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
+
+
 def add_table(devices, xs, dys, g, args):
     """add_rms_norm against h = x + residual and the jnp norm, sharded by
     rows and by the hidden dim: the forward, and forward + backward in one
     program (dy and dh inputs; gradients of x, residual and gamma)."""
-    n = len(devices)
 
     def jnp_add_rms(x, r, g):
         h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
@@ -151,24 +177,13 @@ def add_table(devices, xs, dys, g, args):
     unsharded = (xs[0], rs[0], g, dys[0], dhs[0])
     want = {part: f_ours(*unsharded[:nargs]) for part, (f_ours, _, nargs) in variants.items()}
     print("\nresidual add + RMSNorm (add_rms_norm: y and h), sharded by rows or by the hidden dim")
-    print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
-    print("|---|---|---|---|---|---|")
-    for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
-        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
-                                 axis_types=(AxisType.Auto,) * 2)
-        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+    print(TABLE_HEAD)
+    for layout, shape, spec, put in layouts(devices):
         gs = put(g, P(spec[1]))
         sets = [(put(x, spec), put(r, spec), gs, put(dy, spec), put(dh, spec))
                 for x, r, dy, dh in zip(xs, rs, dys, dhs)]
         for part, (f_ours, f_xla, nargs) in variants.items():
-            times = {}
-            for name, fn in (("ours", f_ours), ("xla", f_xla)):
-                errs = [rel_err(a, b) for a, b in zip(fn(*sets[0][:nargs]), want[part])]
-                if max(errs) > 2e-2:
-                    raise SystemExit(f"add {layout} {part} {name}: results differ from the unsharded ones: {errs}")
-                times[name] = bench(fn, [a[:nargs] for a in sets], args.iters, args.reps, one_program=False)
-            print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
-                  f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
+            table_row(f"{layout} {part}", shape, f_ours, f_xla, [a[:nargs] for a in sets], want[part], args)
 
 
 def kernel_times(programs, calls=10):
@@ -269,12 +284,8 @@ def main():
     want_layer = ours_layer(xs[0], g, w, c)
 
     if not args.kernels:
-        print("\n| layout | mesh | part | ours ms | XLA ms | ours vs XLA |")
-        print("|---|---|---|---|---|---|")
-    for layout, shape, spec in [("rows", (n, 1), P("data", None)), ("hidden", (1, n), P(None, "model"))]:
-        mesh = jax.sharding.Mesh(np.asarray(devices).reshape(shape), ("data", "model"),
-                                 axis_types=(AxisType.Auto,) * 2)
-        put = lambda a, s: jax.device_put(a, NamedSharding(mesh, s))
+        print(TABLE_HEAD)
+    for layout, shape, spec, put in layouts(devices):
         sets = [(put(x, spec), put(g, P(spec[1])), put(dy, spec)) for x, dy in zip(xs, dys)]
         rstd = put(want_fwd[1], P(spec[0]))
         parts = {
@@ -292,15 +303,7 @@ def main():
                               for name, fn in (("ours", f_ours), ("XLA", f_xla))})
             continue
         for part, (f_ours, f_xla, arg_sets, ref) in parts.items():
-            times = {}
-            for name, fn in (("ours", f_ours), ("xla", f_xla)):
-                got = fn(*arg_sets[0])
-                errs = [rel_err(a, b) for a, b in zip(got, ref)]
-                if max(errs) > 2e-2:
-                    raise SystemExit(f"{layout} {part} {name}: results differ from the unsharded ones: {errs}")
-                times[name] = bench(fn, arg_sets, args.iters, args.reps, one_program=False)
-            print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
-                  f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
+            table_row(f"{layout} {part}", shape, f_ours, f_xla, arg_sets, ref, args)
 
     if args.kernels:
         return
