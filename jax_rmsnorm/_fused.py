@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
-    _backward, _full_hidden, _grad_sums, _no_fp8_options, _sliced_forward, _sum_to_primal_vma
+    _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _sliced_forward, _sum_to_primal_vma
 from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, kernel_param, norm_fwd_fused, \
     residual_sum
 
@@ -184,11 +184,6 @@ class _FusedConfig:
     # Inside shard_map: the mesh axes the hidden dim is split over (residual
     # add + norm only); statistics of whole rows are combined over them.
     axes: tuple = ()
-
-
-def _param_dtype(x, gamma, beta):
-    p = gamma if gamma is not None else beta
-    return x.dtype if p is None else p.dtype
 
 
 def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):

@@ -339,8 +339,7 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     n_params = 1 if st.kind == RMS else 2
     params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
     h = residual_sum(x, residual, st.fused.h_dtype)
-    plain = _Static(st.prim, tuple((k, v) for k, v in st.params if k != "fused"), st.platform)
-    y, *stats = _fwd_sharded(plain, axes, hidden, h, *(kernel_param(p, h) for p in params))
+    y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params))
     return [y.astype(x.dtype), *stats, h, placeholder]
 
 
