@@ -89,6 +89,24 @@ def test_forward_backward(kind, dtype, shape, platform):
         _check(kind, dtype, shape, platform, gdtype, zc, with_beta, case_key((kind, shape, i)))
 
 
+# On a GPU the plain forward of at most two rows per SM, rows of up to 2048
+# packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
+# pack more, takes the general one. Both sides of each bound, every dtype.
+def _decode_bounds():
+    sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
+    return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001)]
+
+
+@pytest.mark.parametrize("rows, packs", _decode_bounds(), ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_decode_row_bounds(kind, dtype, rows, packs, platform):
+    hidden = packs * (16 // np.dtype(dtype).itemsize) if packs != 1001 else packs
+    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
+        _check(kind, dtype, (rows, hidden), platform, gdtype, zc, with_beta, case_key((kind, rows, hidden, i)))
+
+
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks
 # several rows through a two-stage shared-memory ring. These shapes have more
 # rows than the GPU holds such slots at once (several rows per slot), so every

@@ -1,6 +1,8 @@
 // Forward kernels: y = (x - mean) * rstd * scale + beta, saving mean/rstd.
 //
-// Three shapes of kernel:
+// The kernels:
+//  * fwd_decode: the plain norm at decode-time row counts (at most two rows
+//    per SM): one row per CTA, few instructions per warp.
 //  * fwd_regs: the row is read once into registers (up to 4 packs of 16 bytes
 //    per thread): several rows per CTA, one CTA per row, or, for wide rows,
 //    one thread block cluster per row (each CTA holds a slice; the row sums
@@ -58,6 +60,7 @@ constexpr int kQuantMinBlocks = 2;
 // for bf16, no spill).
 constexpr int kEarlyThreads = 512;
 constexpr int kDecodeThreads = 128;  // target CTA size where the rows are few (below)
+constexpr int kDecodeItems = 2;      // packs per thread in fwd_decode
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -316,6 +319,82 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     }
   }
   if (valid && threadIdx.x == 0 && rank == 0 && !a.given_stats) {
+    a.rstd[row] = rstd;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+  }
+}
+
+// The plain norm at decode-time row counts (at most two rows per SM): one
+// row per CTA, kDecodeItems packs per thread, gamma/beta (x's dtype, one
+// set) loaded with x before the reduction, 32-bit indexing, and one
+// reduction a row (LayerNorm's sums taken around layer_shift, as in
+// fwd_slices). With a warp or four per scheduler, a warp's instructions
+// wait on each other at their full latency, so the kernel's time follows its
+// instructions per warp: this kernel has none for a residual, FP8, given
+// statistics or parameter groups. Its sm_90 SASS for RMSNorm bf16 is 496
+// instructions against 1143 for fwd_regs' EARLY instance. Latency on an
+// H100, in-process and interleaved, bf16, median us per norm, 16 cells of
+// 1-256 rows x 4096/8192 columns, two runs: faster than fwd_regs EARLY by
+// 0.1-0.7 us in 28 of 32 cells and level (within 0.05 us) in the other four
+// (16x4096 RMSNorm 3.04 -> 2.90, LayerNorm 3.55 -> 3.34; 1x8192 RMSNorm
+// 3.31 -> 2.97). Two packs a thread: one or four were level or slower
+// (LayerNorm 256x8192 with four: 6.39 against 5.44).
+template <NormKind K, class T, int VEC>
+__global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
+  constexpr int ITEMS = kDecodeItems;
+  using V = Pack<T, VEC>;
+  constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
+  __shared__ float smem[kRowSumSmem];
+  const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
+  const int row = static_cast<int>(blockIdx.x);
+  const T* xrow = static_cast<const T*>(a.x) + row * H;
+  const V* x = reinterpret_cast<const V*>(xrow);
+  const V* gamma = static_cast<const V*>(a.gamma);
+  const V* beta = K == NormKind::kLayer ? static_cast<const V*>(a.beta) : nullptr;
+  V xv[ITEMS], gv[ITEMS], bv[ITEMS];
+  bool in[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int p = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+    in[i] = p < nvec;
+    if (in[i]) {
+      xv[i] = x[p];
+      if (gamma) gv[i] = gamma[p];
+      if (beta) bv[i] = beta[p];
+    }
+  }
+  float shift = 0.f;
+  if constexpr (K == NormKind::kLayer) shift = layer_shift([&](int c) { return to_float(xrow[c]); }, H);
+  float v[ITEMS][VEC];
+  float acc[kSums] = {};
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    if (in[i]) {
+      unpack(xv[i], v[i]);
+      add_shifted_sums<kSums>(acc, v[i], shift);
+    }
+  }
+  row_sum<kSums>(acc, smem);
+  float mean = 0.f, rstd;
+  if constexpr (K == NormKind::kLayer) {
+    const float2 mm = shifted_mean_m2(acc, shift, H);
+    mean = mm.x;
+    rstd = rsqrtf(mm.y / static_cast<float>(H) + a.eps);
+  } else {
+    rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+  }
+  T* y = static_cast<T*>(a.y) + row * H;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (in[i]) {
+      const V g = gv[i], b = bv[i];
+      scale_shift_packs<VEC>(v[i], mean, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
+      store_pack<VEC>(y + (static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x)) * VEC, v[i]);
+    }
+  }
+  if (threadIdx.x == 0) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
@@ -919,7 +998,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // LayerNorm 4.0-4.1 -> 3.6-3.7 us). float32 parameters for 16-bit x
       // were not measured and keep the plain kernel.
       //
-      // Where the rows alone are at most two per SM, CTAs of kDecodeThreads
+      // Where the rows alone are at most two per SM and fwd_decode (below)
+      // does not apply (parameter groups, given statistics), CTAs of kDecodeThreads
       // (one row each from hidden 4096 in bf16), not kBlockThreads: more SMs
       // loading at once. Latency on an H100, bf16, us per norm, two rows a
       // CTA -> one: 16x4096 RMSNorm 2.8 -> 2.6, LayerNorm 3.7 -> 3.3; at 64
@@ -927,6 +1007,13 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // row (fewer packs each) and clusters of 2 or 4 CTAs a row were slower
       // (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us, against 4.1-4.7).
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
+      // The plain norm where the rows alone are at most two per SM: fwd_decode.
+      if (!a.residual && !a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
+          a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads) {
+        const int threads = std::max(32, pow2_ceil((nvec + kDecodeItems - 1) / kDecodeItems));
+        fwd_decode<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
+        return check_launch("fwd_decode");
+      }
       if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
         const int erpb = a.shape.rows <= 2 * sms ? std::max(1, kDecodeThreads / tpr) : rpb;
         const int64_t eblocks = (a.shape.rows + erpb - 1) / erpb;
