@@ -71,6 +71,26 @@ def bench(fn, arg_sets, iters, reps, one_program=True):
     return _median_seconds(lambda i: fn(*arg_sets[i % len(arg_sets)]), iters, reps)
 
 
+def interleaved(fns, iters, reps):
+    """Median seconds per call of each (fn, arg_sets) in fns, one call per set
+    rotated, the functions timed in turn within every repetition: at a few us
+    per op, a machine's drift between processes and over a run moved single
+    cells by up to 1.5 us, and timing all of one side first put that drift
+    into the comparison."""
+    for fn, sets in fns:  # compile, warm up
+        for i in range(3):
+            jax.block_until_ready(fn(*sets[i % len(sets)]))
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for k, (fn, sets) in enumerate(fns):
+            t0 = time.perf_counter()
+            for i in range(iters):
+                out = fn(*sets[i % len(sets)])
+            jax.block_until_ready(out)
+            times[k].append((time.perf_counter() - t0) / iters)
+    return [statistics.median(ts) for ts in times]
+
+
 def copy_seconds(xs, dev, iters, reps):
     """The copy reference: the faster of XLA's x -> -x and a device-to-device
     copy of the buffer (device_put with may_alias=False), seconds per call."""
@@ -157,8 +177,9 @@ def main():
                 xla = jax.jit(ref)
                 err = rel_err(ours(xs[0]), xla(xs[0]))
                 nbytes = 2 * m * h * s + (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
-                t = bench(ours, [(x,) for x in xs], args.iters, args.reps)
-                tx = bench(xla, [(x,) for x in xs], args.iters, args.reps)
+                if not args.rows:  # (latency mode times below)
+                    t = bench(ours, [(x,) for x in xs], args.iters, args.reps)
+                    tx = bench(xla, [(x,) for x in xs], args.iters, args.reps)
             else:
                 if kind == "rms":
                     _, rstds = zip(*[jrn.rms_norm_fwd(x, g, zero_centered_gamma=zc) for x in xs])
@@ -173,16 +194,18 @@ def main():
                 got, want = ours(*sets[0]), xla(dys[0], xs[0])
                 err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
                 nbytes = 3 * m * h * s + nstat * 4 * m + h * ps + nstat * h * ps
-                t = bench(ours, sets, args.iters, args.reps)
-                tx = bench(xla, [(dy, x) for dy, x in zip(dys, xs)], args.iters, args.reps)
+                if not args.rows:  # (latency mode times below)
+                    t = bench(ours, sets, args.iters, args.reps)
+                    tx = bench(xla, [(dy, x) for dy, x in zip(dys, xs)], args.iters, args.reps)
             if args.rows:  # latency mode: time --chain dependent applications per call
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
-                t = bench(chained(ours, args.chain, op.endswith("bwd")), sets if op.endswith("bwd") else [(x,) for x in xs],
-                          max(2, args.iters // 4), args.reps, one_program=False) / args.chain
                 xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if op.endswith("bwd") else [(x,) for x in xs]
-                tx = bench(chained(xla, args.chain, op.endswith("bwd")), xla_sets, max(2, args.iters // 4),
-                           args.reps, one_program=False) / args.chain
+                t, tx = interleaved(
+                    [(chained(ours, args.chain, op.endswith("bwd")), sets if op.endswith("bwd") else [(x,) for x in xs]),
+                     (chained(xla, args.chain, op.endswith("bwd")), xla_sets)],
+                    max(2, args.iters // 4), args.reps)
+                t, tx = t / args.chain, tx / args.chain
             tol = 2e-2 if dt != jnp.float32 else 1e-4
             if not err < tol:
                 raise SystemExit(f"{op} {m}x{h}: result differs from the jnp reference (rel err {err:.2e})")
