@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
+from bench_norm import jnp_layer, jnp_rms
 
 
 def ops(x, g, b, dy):
@@ -28,6 +30,8 @@ def ops(x, g, b, dy):
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),
         "rms_stats": lambda: jrn.rms_norm_stats(x),
+        "xla_rms_fwd": lambda: jnp_rms(x, g),  # XLA's fusion of the jnp norm
+        "xla_ln_fwd": lambda: jnp_layer(x, g, b),
     }
 
 
@@ -38,11 +42,12 @@ def main():
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--calls", type=int, default=3)
     a = p.parse_args()
-    k = jax.random.split(jax.random.key(0), 4)
-    x = jax.random.normal(k[0], (a.rows, a.hidden), jnp.bfloat16)
-    dy = jax.random.normal(k[1], (a.rows, a.hidden), jnp.bfloat16)
-    g = 1 + 0.1 * jax.random.normal(k[2], (a.hidden,), jnp.bfloat16)
-    b = 0.1 * jax.random.normal(k[3], (a.hidden,), jnp.bfloat16)
+    # Made on the host: no device kernels run before the ops profiled.
+    rng = np.random.default_rng(0)
+    put = lambda shape, scale=1.0, offset=0.0: jax.device_put(
+        (offset + scale * rng.standard_normal(shape, np.float32)).astype(jnp.bfloat16))
+    x, dy = put((a.rows, a.hidden)), put((a.rows, a.hidden))
+    g, b = put((a.hidden,), 0.1, 1.0), put((a.hidden,), 0.1)
     table = ops(x, g, b, dy)
     for name in a.ops:
         f = jax.jit(table[name])
