@@ -22,15 +22,13 @@ import jax.numpy as jnp
 
 from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
     _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _sliced_forward, _sum_to_primal_vma
-from ._primitives import LAYER, RMS, FusedSpec, _placeholder, fp8_transpose, kernel_param, norm_fwd_fused, \
-    residual_sum
+from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, fp8_transpose, kernel_param, \
+    norm_fwd_fused, residual_sum
 
 Array = jax.Array
 
 FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
-# The smallest per-row / per-group scale (all-zero rows quantize to zeros).
-MIN_SCALE = 1e-12
 
 
 # ---------------------------------------------------------------------------
@@ -202,7 +200,7 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
         if spec.quant == "tensor":
             qs = jnp.zeros(jnp.shape(scale), jnp.float32)
         elif spec.quant == "current":
-            qs = jnp.full(jnp.shape(scale), MIN_SCALE, jnp.float32)
+            qs = jnp.full(jnp.shape(scale), MIN_QUANT_SCALE, jnp.float32)
         elif spec.quant == "row":
             qs = stat
         elif spec.quant == "group":

@@ -14,8 +14,10 @@ the operands are laid out and what each device runs:
 * hidden dim sharded: each device computes per-row statistics of its slice
   with a kernel, only those statistics (a few floats a row) are combined over
   the hidden axes, and each device normalizes its own slice. The fused
-  residual add + norm does the same on its slice of ``h``; the FP8 variants
-  split rows only.
+  residual add + norm does the same on its slice of ``h``. So do the FP8
+  outputs with a given per-tensor scale or per-row scales, where XLA
+  normalizes and quantizes the slice and the maxima of |y| are combined with
+  pmax. Per-group scales, current scaling and an FP8 input split rows only.
 
 Operands are passed in the layout the kernels read: ``x`` of any rank,
 normalized over its last axis, and parameters (gamma/beta) of shape
@@ -299,9 +301,11 @@ def merge_layer_stats(gathered, slice_len):
 
 
 def hidden_splittable(fused) -> bool:
-    """Whether a fused forward can run on slices of the hidden dim: the
-    residual add alone (FP8 outputs and FP8 input split rows only)."""
-    return fused.residual and fused.quant is None and not fused.x_group_size
+    """Whether a fused forward can run on slices of the hidden dim: a float
+    ``x`` with the residual add and/or an FP8 output with a given per-tensor
+    scale or per-row scales. Per-group scales, current scaling and an FP8
+    ``x`` split rows only."""
+    return not fused.x_group_size and fused.quant in (None, "tensor", "row")
 
 
 def _fwd_sharded(st, axes, hidden, x, *rest):
@@ -309,6 +313,8 @@ def _fwd_sharded(st, axes, hidden, x, *rest):
     if st.given_stats:
         return _fwd_local(st, x, *rest)
     fused = st.get("fused")
+    if fused is not None and fused.quant is not None:
+        return _fwd_quant_sharded(st, axes, hidden, x, *rest)
     if fused is not None:
         return _fwd_add_sharded(st, axes, hidden, x, *rest)
     mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, x), axes, hidden, x.shape[-1], st.eps)
@@ -341,6 +347,52 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     h = residual_sum(x, residual, st.fused.h_dtype)
     y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params))
     return [y.astype(x.dtype), *stats, h, placeholder]
+
+
+# The smallest per-row / per-group FP8 scale (all-zero rows quantize to zeros).
+MIN_QUANT_SCALE = 1e-12
+
+
+def _fwd_quant_sharded(st, axes, hidden, x, *rest):
+    """An FP8 output (a given per-tensor scale, or per-row scales; after the
+    residual add, if any) on one device's slice of the hidden dim: the slice's
+    statistics kernel, the statistics combined over ``axes``, then ``y``
+    normalized in float32 and quantized by XLA's elementwise fusion, with the
+    tensor's or each row's max |y| combined over ``axes`` by pmax. Two passes
+    over the slice instead of the fused kernel's one (with the residual, a
+    third for ``h``), and only per-row statistics cross devices."""
+    fused = st.fused
+    n_params = 1 if st.kind == RMS else 2
+    params, (residual, scale, _) = rest[:n_params], rest[n_params:n_params + 3]
+    h = residual_sum(x, residual, fused.h_dtype) if fused.residual else x
+    mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, h), axes, hidden, h.shape[-1], st.eps)
+    y = h.astype(np.float32)
+    if mean is not None:
+        y = y - mean[..., None]
+    y = y * rstd[..., None]
+
+    def param(p):  # float32, broadcast against y (parameter groups lead)
+        p = p.astype(np.float32)
+        return p.reshape(p.shape[:-1] + (1,) * (y.ndim - p.ndim) + p.shape[-1:])
+
+    if st.has_gamma:
+        y = y * (param(params[0]) + 1.0 if st.zero_centered_gamma else param(params[0]))
+    if st.kind == LAYER and st.has_beta:
+        y = y + param(params[1])
+    fmax = float(jnp.finfo(fused.out_dtype).max)
+    row_max = jnp.max(jnp.abs(y), axis=-1)
+    if fused.quant == "tensor":  # one scale per tensor: rows split evenly into scale.size tensors
+        per_tensor = (scale.size, -1)
+        amax = jax.lax.pmax(jnp.max(row_max.reshape(per_tensor), axis=-1).reshape(scale.shape), axes)
+        mul = jnp.repeat(scale.reshape(-1), row_max.size // scale.size).reshape(row_max.shape)
+        qs = amax
+    else:
+        row_max = jax.lax.pmax(row_max, axes)
+        qs = jnp.maximum(jnp.minimum(row_max / fmax, fused.scale_ub), MIN_QUANT_SCALE)
+        mul = 1.0 / qs
+    q = jnp.clip(y * mul[..., None], -fmax, fmax).astype(fused.out_dtype)
+    stats = [rstd] if st.kind == RMS else [mean, rstd]
+    return [q, *stats, h if fused.residual else residual, qs]
 
 
 def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
@@ -629,12 +681,13 @@ def _layout(st, mesh, arg_infos, result_infos):
     rows = tuple(fits(e, n) for e, n in zip(spec[:-1], first.shape[:-1]))
     hidden = fits(spec[-1], first.shape[-1])
     fused = st.get("fused")
-    if fused is not None and not hidden_splittable(fused):
-        # FP8 outputs and FP8 input split rows only (the hidden dim is
-        # gathered). A scale from a whole tensor's amax (current scaling, or a
-        # per-tensor scale per vmapped example) needs the whole tensor on
-        # every device.
-        hidden = None
+    if fused is not None:
+        # Per-group scales, current scaling and an FP8 x split rows only (the
+        # hidden dim is gathered). A scale from a whole tensor's amax (current
+        # scaling, or a per-tensor scale per vmapped example) needs all of the
+        # tensor's rows on every device.
+        if not hidden_splittable(fused):
+            hidden = None
         scale = arg_infos[-2]
         if fused.quant == "current" or (fused.quant == "tensor" and scale.shape):
             rows = (None,) * len(rows)
