@@ -518,6 +518,27 @@ def test_fp8_hidden_sharded_hlo_moves_statistics_only(kind, case):
     assert "jrn_" + kind + "_norm_stats" in hlo
 
 
+def test_fp8_vmapped_scale_hidden_sharded():
+    # A per-tensor scale per vmapped example, with vmapped gamma: each
+    # example's amax over all of its rows (gathered) and its hidden slices
+    # (combined by pmax); codes, amax and gradients as unsharded.
+    mesh = _mesh("cpu", 2, 4)
+    x = random(31, (3, 16, 256), jnp.bfloat16, scale=2.0)
+    g = random(33, (3, 256), jnp.float32)
+    s = jnp.array([1.0, 4.0, 9.0], jnp.float32)
+    fn = jax.jit(jax.vmap(lambda x, g, s: jrn.rms_norm_fp8(x, g, scale=s)))
+    grad = jax.jit(jax.grad(lambda x, g, s: loss_of(fn(x, g, s)[0].astype(jnp.float32)), (0, 1)))
+    want, want_g = fn(x, g, s), grad(x, g, s)
+    with jax.set_mesh(mesh):
+        args = (jax.device_put(x, NamedSharding(mesh, P(None, "data", "model"))),
+                jax.device_put(g, NamedSharding(mesh, P(None, "model"))), s)
+        got, got_g = fn(*args), grad(*args)
+    np.testing.assert_array_equal(f64(got[0]), f64(want[0]))
+    np.testing.assert_allclose(f64(got[1]), f64(want[1]), rtol=1e-6)
+    for a, b in zip(got_g, want_g):  # summation order: within a bf16 rounding of dx
+        np.testing.assert_allclose(f64(a), f64(b), rtol=1e-2, atol=1e-3)
+
+
 def _add_norm(kind, h_dtype, zero_centered):
     def fn(x, r, g, b):
         if kind == "rms":
