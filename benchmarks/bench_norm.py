@@ -41,19 +41,30 @@ def jnp_layer(x, g, b, eps=1e-5):
     return y.astype(x.dtype)
 
 
-def _median_seconds(call, iters, reps):
-    """Median over reps of the seconds per call, timing iters calls back to back."""
-    jax.block_until_ready(call(0))  # compile
-    for i in range(2):  # warm-up
-        jax.block_until_ready(call(i))
-    times = []
+def _median_seconds(calls, iters, reps):
+    """Median over reps of the seconds per call of each of ``calls`` (each
+    ``call(i)``), timing iters calls back to back. The calls are timed in turn
+    within every repetition: at a few us per op, a machine's drift between
+    processes and over a run moved single cells by up to 1.5 us, and timing
+    all of one first put that drift into the comparison."""
+    for call in calls:
+        jax.block_until_ready(call(0))  # compile
+        for i in range(2):  # warm-up
+            jax.block_until_ready(call(i))
+    times = [[] for _ in calls]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for i in range(iters):
-            out = call(i)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+        for k, call in enumerate(calls):
+            t0 = time.perf_counter()
+            for i in range(iters):
+                out = call(i)
+            jax.block_until_ready(out)
+            times[k].append((time.perf_counter() - t0) / iters)
+    return [statistics.median(ts) for ts in times]
+
+
+def _rotated(fn, arg_sets):
+    """call(i): fn applied to input set i (rotating)."""
+    return lambda i: fn(*arg_sets[i % len(arg_sets)])
 
 
 def bench(fn, arg_sets, iters, reps, one_program=True):
@@ -67,28 +78,8 @@ def bench(fn, arg_sets, iters, reps, one_program=True):
     XLA's and the copy alike). one_program=False times one call per set."""
     if one_program:
         multi = jax.jit(lambda sets: [fn(*a) for a in sets])
-        return _median_seconds(lambda i: multi(arg_sets), iters, reps) / len(arg_sets)
-    return _median_seconds(lambda i: fn(*arg_sets[i % len(arg_sets)]), iters, reps)
-
-
-def interleaved(fns, iters, reps):
-    """Median seconds per call of each (fn, arg_sets) in fns, one call per set
-    rotated, the functions timed in turn within every repetition: at a few us
-    per op, a machine's drift between processes and over a run moved single
-    cells by up to 1.5 us, and timing all of one side first put that drift
-    into the comparison."""
-    for fn, sets in fns:  # compile, warm up
-        for i in range(3):
-            jax.block_until_ready(fn(*sets[i % len(sets)]))
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for k, (fn, sets) in enumerate(fns):
-            t0 = time.perf_counter()
-            for i in range(iters):
-                out = fn(*sets[i % len(sets)])
-            jax.block_until_ready(out)
-            times[k].append((time.perf_counter() - t0) / iters)
-    return [statistics.median(ts) for ts in times]
+        return _median_seconds([lambda i: multi(arg_sets)], iters, reps)[0] / len(arg_sets)
+    return _median_seconds([_rotated(fn, arg_sets)], iters, reps)[0]
 
 
 def copy_seconds(xs, dev, iters, reps):
@@ -201,9 +192,10 @@ def main():
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
                 xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if op.endswith("bwd") else [(x,) for x in xs]
-                t, tx = interleaved(
-                    [(chained(ours, args.chain, op.endswith("bwd")), sets if op.endswith("bwd") else [(x,) for x in xs]),
-                     (chained(xla, args.chain, op.endswith("bwd")), xla_sets)],
+                t, tx = _median_seconds(
+                    [_rotated(chained(ours, args.chain, op.endswith("bwd")),
+                              sets if op.endswith("bwd") else [(x,) for x in xs]),
+                     _rotated(chained(xla, args.chain, op.endswith("bwd")), xla_sets)],
                     max(2, args.iters // 4), args.reps)
                 t, tx = t / args.chain, tx / args.chain
             tol = 2e-2 if dt != jnp.float32 else 1e-4
