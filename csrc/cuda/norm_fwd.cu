@@ -351,16 +351,16 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   const V* x = reinterpret_cast<const V*>(xrow);
   const V* gamma = static_cast<const V*>(a.gamma);
   const V* beta = K == NormKind::kLayer ? static_cast<const V*>(a.beta) : nullptr;
+  auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
   bool in[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    const int p = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-    in[i] = p < nvec;
+    in[i] = pack(i) < nvec;
     if (in[i]) {
-      xv[i] = x[p];
-      if (gamma) gv[i] = gamma[p];
-      if (beta) bv[i] = beta[p];
+      xv[i] = x[pack(i)];
+      if (gamma) gv[i] = gamma[pack(i)];
+      if (beta) bv[i] = beta[pack(i)];
     }
   }
   float shift = 0.f;
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     if (in[i]) {
       const V g = gv[i], b = bv[i];
       scale_shift_packs<VEC>(v[i], mean, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
-      store_pack<VEC>(y + (static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x)) * VEC, v[i]);
+      store_pack<VEC>(y + pack(i) * VEC, v[i]);
     }
   }
   if (threadIdx.x == 0) {
