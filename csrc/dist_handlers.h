@@ -3,6 +3,9 @@
 //   *_stats       x -> per-row statistics of this slice of the hidden dim
 //   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row sum gdy*xhat (LayerNorm: and sum gdy)
 //   *_apply       (x, gamma, [beta], [mean], rstd) -> y, with given statistics
+//   *_apply_fp8   (x, gamma, [beta], [mean], rstd, scale) -> (q, qs): the same,
+//                 y written as FP8 with given scales (one per tensor of
+//                 consecutive rows: per tensor, or per row) or per-group scales
 //   *_bwd_given   the backward with given per-row (c1, c2) coefficients
 //   *_bwd_given_add  the same, with the residual's gradient dh added to dx
 //                 (the residual add + norm with the hidden dim split)
@@ -12,7 +15,7 @@
 //   template <NormKind K, class T, class P> static ffi::Error grad_stats(CTX, const StatsArgs&);
 #pragma once
 
-#include "norm_common.h"
+#include "norm_fused.h"
 
 namespace jrn {
 
@@ -93,6 +96,36 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
         [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
+  /* With given statistics, y as FP8: quant 1 (kTensor), q = y * scale[t] */ \
+  /* (y / scale[t] with `inverted`) for each tensor t of consecutive rows,  */ \
+  /* as many tensors as scales (one a row for per-row scales), max |y| of   */ \
+  /* each into qs; with `measure`, qs alone (q, not written, may be        */ \
+  /* empty). quant 3 (kGroup): the scales of this slice's groups into qs.   */ \
+  template <NormKind K>                                                                         \
+  xf::Error ApplyFp8(CTX_DECL xf::AnyBuffer x, xf::AnyBuffer gamma, const xf::AnyBuffer* beta,  \
+                     xf::AnyBuffer* mean, xf::AnyBuffer rstd, xf::AnyBuffer scale, xf::AnyBuffer q, \
+                     xf::AnyBuffer qs, bool zc, bool has_gamma, bool has_beta, int32_t quant,   \
+                     int64_t group_size, float scale_ub, bool inverted, bool measure) {         \
+    const bool given = quant == static_cast<int32_t>(Quant::kTensor);                           \
+    if (!given && quant != static_cast<int32_t>(Quant::kGroup))                                 \
+      return xf::Error::InvalidArgument(                                                        \
+          "jax_rmsnorm: apply_fp8 takes quant 1 (given scales) or 3 (per group)");              \
+    if (!given && (inverted || measure))                                                        \
+      return xf::Error::InvalidArgument("jax_rmsnorm: inverted and measure go with quant 1");    \
+    FwdArgs a;                                                                                  \
+    a.no_output = measure;                                                                      \
+    /* x stands in for the absent residual, h and x_scale (none is read). */                    \
+    if (auto e = decode_fused_fwd(K, x, gamma, beta, x, scale, x, q, mean, rstd, x, qs, 0.f, zc, \
+                                  has_gamma, has_beta, false, quant, group_size, scale_ub, 0, &a); \
+        e.failure())                                                                            \
+      return e;                                                                                 \
+    a.given_stats = true;                                                                       \
+    a.scale_inverted = inverted;                                                                \
+    if (a.shape.rows == 0 && !given) return xf::Error::Success();                               \
+    return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
+        x.element_type(), param_type(x, gamma, beta, has_gamma, has_beta),                      \
+        [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
+  }                                                                                             \
   /* The backward with given coefficients (and, with dh, the residual's */                      \
   /* gradient added to dx): the kernels of the plain backward.          */                      \
   template <NormKind K>                                                                         \
@@ -169,6 +202,46 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                                                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormApplyFp8,                                                                  \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer rstd,  \
+         ::xla::ffi::AnyBuffer s, ::xla::ffi::Result<::xla::ffi::AnyBuffer> q,                   \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, bool zc, bool has_gamma, int32_t quant,   \
+         int64_t group_size, float scale_ub, bool inverted, bool measure) {                     \
+        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kRms>(                              \
+            CTX x, g, nullptr, nullptr, rstd, s, *q, *qs, zc, has_gamma, false, quant, group_size, \
+            scale_ub, inverted, measure);                                                       \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 4, 2)                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<int32_t>("quant")                                                               \
+          .Attr<int64_t>("group_size")                                                          \
+          .Attr<float>("scale_ub")                                                              \
+          .Attr<bool>("inverted")                                                               \
+          .Attr<bool>("measure"),                                                               \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormApplyFp8,                                                                \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,     \
+         ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer s,        \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> q, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, \
+         bool zc, bool has_gamma, bool has_beta, int32_t quant, int64_t group_size,             \
+         float scale_ub, bool inverted, bool measure) {                                         \
+        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kLayer>(                            \
+            CTX x, g, &b, &mean, rstd, s, *q, *qs, zc, has_gamma, has_beta, quant, group_size,  \
+            scale_ub, inverted, measure);                                                       \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 6, 2)                                                                   \
+          .Attr<bool>("zero_centered_gamma")                                                    \
+          .Attr<bool>("has_gamma")                                                              \
+          .Attr<bool>("has_beta")                                                               \
+          .Attr<int32_t>("quant")                                                               \
+          .Attr<int64_t>("group_size")                                                          \
+          .Attr<float>("scale_ub")                                                              \
+          .Attr<bool>("inverted")                                                               \
+          .Attr<bool>("measure"),                                                               \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormBwdGiven,                                                                  \
       [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \

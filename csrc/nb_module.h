@@ -20,6 +20,8 @@
       d["jrn_layer_norm_grad_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormGradStats));\
       d["jrn_rms_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormApply)); \
       d["jrn_layer_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormApply));\
+      d["jrn_rms_norm_apply_fp8"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormApplyFp8));\
+      d["jrn_layer_norm_apply_fp8"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormApplyFp8));\
       d["jrn_rms_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGiven));\
       d["jrn_layer_norm_bwd_given"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdGiven));\
       d["jrn_rms_norm_bwd_given_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdGivenAdd));\

@@ -46,7 +46,8 @@ inline const ffi::AnyBuffer& typed_input(const ffi::AnyBuffer& x, const ffi::Any
 }
 
 // decode_fwd for the fused forward, then the FP8 input, residual and
-// quantization buffers. `quant` is a Quant value.
+// quantization buffers. `quant` is a Quant value. The fields the caller set
+// in `a` before (no_output) are kept.
 inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
                                    const ffi::AnyBuffer* beta, const ffi::AnyBuffer& residual,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& x_scale,
@@ -108,7 +109,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   } else {
     return ffi::Error::InvalidArgument("jax_rmsnorm: FP8 output must be float8_e4m3fn or float8_e5m2");
   }
-  if (static_cast<int64_t>(y.element_count()) != n)
+  // (With no_output set by the caller, y is not written and may be empty.)
+  if (!a->no_output && static_cast<int64_t>(y.element_count()) != n)
     return ffi::Error::InvalidArgument("jax_rmsnorm: the FP8 output must have x's shape");
   a->y = y.untyped_data();
   if (!(scale_ub > 0.f)) return ffi::Error::InvalidArgument("jax_rmsnorm: scale_ub must be > 0");

@@ -15,9 +15,9 @@ the operands are laid out and what each device runs:
   with a kernel, only those statistics (a few floats a row) are combined over
   the hidden axes, and each device normalizes its own slice. The fused
   residual add + norm does the same on its slice of ``h``. So do the FP8
-  outputs with a given per-tensor scale or per-row scales, where XLA
-  normalizes and quantizes the slice and the maxima of |y| are combined with
-  pmax. Per-group scales, current scaling and an FP8 input split rows only.
+  outputs with a given per-tensor scale, per-row scales (the maxima of |y|
+  combined with pmax) and per-group scales (where each slice holds whole
+  groups). Current scaling and an FP8 input split rows only.
 
 Operands are passed in the layout the kernels read: ``x`` of any rank,
 normalized over its last axis, and parameters (gamma/beta) of shape
@@ -114,6 +114,7 @@ C = "c"   # (rows..., 2): pairs of per-row statistics (LayerNorm's)
 P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
 E = "e"   # (0,): an absent parameter's placeholder
 S = "s"   # replicated: a per-tensor scale or amax (one per vmapped example)
+G = "g"   # (rows..., hidden // group_size): per-group FP8 scales, split with the hidden dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     stats = [R] if kind == RMS else [R, R]
     if fused is not None:
         h = X if fused.residual else E
-        qs = {None: E, "tensor": S, "current": S, "row": R, "group": C}[fused.quant]
+        qs = {None: E, "tensor": S, "current": S, "row": R, "group": G}[fused.quant]
         return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
@@ -300,12 +301,14 @@ def merge_layer_stats(gathered, slice_len):
     return mean, jnp.sum(m2s, axis=0) + jnp.sum(jnp.square(means - mean), axis=0) * slice_len
 
 
-def hidden_splittable(fused) -> bool:
-    """Whether a fused forward can run on slices of the hidden dim: a float
-    ``x`` with the residual add and/or an FP8 output with a given per-tensor
-    scale or per-row scales. Per-group scales, current scaling and an FP8
-    ``x`` split rows only."""
-    return not fused.x_group_size and fused.quant in (None, "tensor", "row")
+def hidden_splittable(fused, slice_len) -> bool:
+    """Whether a fused forward can run on ``slice_len``-wide slices of the
+    hidden dim: a float ``x`` with the residual add and/or an FP8 output with a
+    given per-tensor scale, per-row scales, or per-group scales where a slice
+    holds whole groups. Current scaling and an FP8 ``x`` split rows only."""
+    if fused.x_group_size or fused.quant == "current":
+        return False
+    return fused.quant != "group" or slice_len % fused.group_size == 0
 
 
 def _fwd_sharded(st, axes, hidden, x, *rest):
@@ -353,45 +356,55 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
 MIN_QUANT_SCALE = 1e-12
 
 
+def _apply_fp8(st, x, params, stats, scale, quant, *, inverted=False, measure=False):
+    """The ``*_apply_fp8`` kernel on one device's slice: ``x`` normalized with
+    the given statistics and written as FP8. quant "tensor": ``q = y *
+    scale[t]`` (``y / scale[t]`` if ``inverted``) for each of ``scale.size``
+    tensors of consecutive rows (one per row for per-row scales), and each
+    tensor's max |y|; with ``measure`` only the maxima (``q`` is empty).
+    quant "group": ``q`` and the scales of the slice's groups."""
+    fused = st.fused
+    qs = (scale.shape, np.float32) if quant == "tensor" else (
+        x.shape[:-1] + (x.shape[-1] // fused.group_size,), np.float32)
+    attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
+    if st.kind == LAYER:
+        attrs["has_beta"] = st.has_beta
+    target = "jrn_rms_norm_apply_fp8" if st.kind == RMS else "jrn_layer_norm_apply_fp8"
+    return _call(target, [((0,) if measure else x.shape, fused.out_dtype), qs], x, *params, *stats, scale,
+                 quant=np.int32(QUANT_CODES[quant]), group_size=np.int64(fused.group_size),
+                 scale_ub=np.float32(fused.scale_ub), inverted=inverted, measure=measure, **attrs)
+
+
 def _fwd_quant_sharded(st, axes, hidden, x, *rest):
-    """An FP8 output (a given per-tensor scale, or per-row scales; after the
-    residual add, if any) on one device's slice of the hidden dim: the slice's
-    statistics kernel, the statistics combined over ``axes``, then ``y``
-    normalized in float32 and quantized by XLA's elementwise fusion, with the
-    tensor's or each row's max |y| combined over ``axes`` by pmax. Two passes
-    over the slice instead of the fused kernel's one (with the residual, a
-    third for ``h``), and only per-row statistics cross devices."""
+    """An FP8 output (after the residual add, if any) on one device's slice of
+    the hidden dim: the slice's statistics kernel, the statistics combined over
+    ``axes``, then the slice normalized and quantized by ``*_apply_fp8``. With
+    a given per-tensor scale, amax is combined over ``axes`` by pmax; per-group
+    scales are the slice's own (the slice holds whole groups). Per-row scales
+    need each row's max |y| first: a pass of the kernel that measures it, the
+    maxima combined by pmax, then the pass that quantizes. Only per-row values
+    cross devices."""
     fused = st.fused
     n_params = 1 if st.kind == RMS else 2
     params, (residual, scale, _) = rest[:n_params], rest[n_params:n_params + 3]
     h = residual_sum(x, residual, fused.h_dtype) if fused.residual else x
+    params = [kernel_param(p, h) for p in params]
     mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, h), axes, hidden, h.shape[-1], st.eps)
-    y = h.astype(np.float32)
-    if mean is not None:
-        y = y - mean[..., None]
-    y = y * rstd[..., None]
-
-    def param(p):  # float32, broadcast against y (parameter groups lead)
-        p = p.astype(np.float32)
-        return p.reshape(p.shape[:-1] + (1,) * (y.ndim - p.ndim) + p.shape[-1:])
-
-    if st.has_gamma:
-        y = y * (param(params[0]) + 1.0 if st.zero_centered_gamma else param(params[0]))
-    if st.kind == LAYER and st.has_beta:
-        y = y + param(params[1])
-    fmax = float(jnp.finfo(fused.out_dtype).max)
-    row_max = jnp.max(jnp.abs(y), axis=-1)
-    if fused.quant == "tensor":  # one scale per tensor: rows split evenly into scale.size tensors
-        per_tensor = (scale.size, -1)
-        amax = jax.lax.pmax(jnp.max(row_max.reshape(per_tensor), axis=-1).reshape(scale.shape), axes)
-        mul = jnp.repeat(scale.reshape(-1), row_max.size // scale.size).reshape(row_max.shape)
-        qs = amax
-    else:
-        row_max = jax.lax.pmax(row_max, axes)
-        qs = jnp.maximum(jnp.minimum(row_max / fmax, fused.scale_ub), MIN_QUANT_SCALE)
-        mul = 1.0 / qs
-    q = jnp.clip(y * mul[..., None], -fmax, fmax).astype(fused.out_dtype)
     stats = [rstd] if st.kind == RMS else [mean, rstd]
+    pmax = lambda v: jax.lax.pmax(v, axes) if axes else v
+    if fused.quant == "tensor":
+        q, amax = _apply_fp8(st, h, params, stats, scale, "tensor")
+        qs = pmax(amax)
+    elif fused.quant == "group":
+        q, qs = _apply_fp8(st, h, params, stats, scale, "group")
+    else:
+        _, row_max = _apply_fp8(st, h, params, stats, jnp.ones(h.shape[:-1], np.float32), "tensor",
+                                measure=True)
+        # the kernels' row scale: max(min(max|y| / fp8_max, scale_ub), MIN_QUANT_SCALE)
+        fmax = float(jnp.finfo(fused.out_dtype).max)
+        qs = jnp.maximum(jnp.minimum(pmax(row_max) / np.float32(fmax), np.float32(fused.scale_ub)),
+                         np.float32(MIN_QUANT_SCALE))
+        q, _ = _apply_fp8(st, h, params, stats, qs, "tensor", inverted=True)
     return [q, *stats, h if fused.residual else residual, qs]
 
 
@@ -682,11 +695,12 @@ def _layout(st, mesh, arg_infos, result_infos):
     hidden = fits(spec[-1], first.shape[-1])
     fused = st.get("fused")
     if fused is not None:
-        # Per-group scales, current scaling and an FP8 x split rows only (the
-        # hidden dim is gathered). A scale from a whole tensor's amax (current
-        # scaling, or a per-tensor scale per vmapped example) needs all of the
-        # tensor's rows on every device.
-        if not hidden_splittable(fused):
+        # Current scaling, an FP8 x, and per-group scales whose groups a split
+        # would cut split rows only (the hidden dim is gathered). A scale from
+        # a whole tensor's amax (current scaling, or a per-tensor scale per
+        # vmapped example) needs all of the tensor's rows on every device.
+        n_hidden = math.prod(mesh.shape[a] for a in _axes_of(hidden))
+        if not hidden_splittable(fused, first.shape[-1] // n_hidden):
             hidden = None
         scale = arg_infos[-2]
         if fused.quant == "current" or (fused.quant == "tensor" and scale.shape):
@@ -699,6 +713,8 @@ def _layout(st, mesh, arg_infos, result_infos):
             return PartitionSpec(*rows)
         if role == C:
             return PartitionSpec(*rows, None)
+        if role == G:
+            return PartitionSpec(*rows, hidden)
         if role == P:
             return PartitionSpec(*rows[:len(info_shape) - 1], hidden)
         return PartitionSpec(*([None] * len(info_shape)))
@@ -755,7 +771,9 @@ def _infer(st, mesh, arg_infos, result_infos):
 def _sharding_rule(st, mesh, operand_types, result_types):
     """The einsum-like rule Shardy propagates shardings with: rows dims r0..,
     the hidden dim h, and a factor of its own for each pair or scale dim and
-    each placeholder dim."""
+    each placeholder dim. With per-group scales the hidden dim is the compound
+    ``(h k)``: h groups of k columns, the scales' last dim h, so that a split
+    of the hidden dim keeps groups whole."""
     from jax._src.lib.mlir import ir
 
     roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
@@ -764,20 +782,35 @@ def _sharding_rule(st, mesh, operand_types, result_types):
     n_rows = ranks_in[roles_in.index(X)] - 1
     rows = [f"r{i}" for i in range(n_rows)]
     fresh = iter(range(1 << 20))
+    fused = st.get("fused")
+    # The compound factor only where any split of the hidden dim over mesh
+    # axes falls on whole groups: Shardy would otherwise split h over parts
+    # of an axis, which JAX's partitioner cannot express. Elsewhere the scales
+    # take a factor of their own (a split of them is then gathered after the
+    # call, a few bytes a group).
+    grouped = fused is not None and fused.quant == "group"
+    if grouped:
+        hidden_size = ir.RankedTensorType(operand_types[roles_in.index(X)]).shape[-1]
+        grouped = (hidden_size // fused.group_size) % math.prod(mesh.shape.values()) == 0
+    hidden = "(h k)" if grouped else "h"
 
     def factors(role, rank):
         if role == X:
-            return rows + ["h"]
+            return rows + [hidden]
         if role == R:
             return list(rows)
         if role == C:  # never split: a factor of its own
             return rows + [f"c{next(fresh)}"]
+        if role == G:
+            return rows + (["h"] if grouped else [f"g{next(fresh)}"])
         if role == P:
-            return rows[:rank - 1] + ["h"]
+            return rows[:rank - 1] + [hidden]
         return [f"e{next(fresh)}" for _ in range(rank)]
 
     side = lambda roles, ranks: ", ".join(" ".join(factors(r, n)) for r, n in zip(roles, ranks))
-    return f"{side(roles_in, ranks_in)} -> {side(roles_out, ranks_out)}"
+    rule = f"{side(roles_in, ranks_in)} -> {side(roles_out, ranks_out)}"
+    # k is never split: a split of the hidden dim then falls on h alone.
+    return (rule, {"k": fused.group_size, "need_replication_factors": ("k",)}) if grouped else rule
 
 
 def _make_partitioned(prim_name):

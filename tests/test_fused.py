@@ -439,6 +439,47 @@ def test_fp8_nan_is_never_hidden(kind, quant, platform):
         assert np.isnan(s[2]).all() and np.isfinite(np.delete(s, 2, 0)).all()
 
 
+# The FP8 outputs on a slice of a split hidden dim, as each device runs them
+# (the statistics kernel, then the apply_fp8 kernel with the statistics; per
+# row a measuring pass first), here on one device with no mesh axes: against
+# float64, on the kernels' paths (one CTA, clusters, unaligned streaming).
+SLICE_CASES = [("tensor", 0, (5, 7)), ("tensor", 0, (16, 4096)), ("tensor", 0, (3, 40001)),
+               ("tensor", 0, (2, 65536)), ("row", 0, (2, 3, 1000)), ("row", 0, (3, 40001)),
+               ("row", 0, (2, 65536)), ("group", 16, (5, 1008)), ("group", 128, (4, 4096)),
+               ("group", 181, (3, 40001)), ("group", 128, (2, 65536))]
+
+
+@pytest.mark.parametrize("quant, group, shape", SLICE_CASES, ids=lambda v: sid(v) if isinstance(v, tuple) else str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_hidden_slice_path(kind, dtype, quant, group, shape, platform):
+    from jax_rmsnorm import _primitives as prim
+
+    key = case_key(("slice", kind, quant, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    fmt = E4M3 if quant != "row" else E5M2
+    fused = prim.FusedSpec(quant=quant, out_dtype=np.dtype(fmt), group_size=group)
+    params = dict(kind=kind, eps=EPS[kind], zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer",
+                  given_stats=False, fused=fused)
+    st = prim._Static("fwd", tuple(sorted(params.items())), platform)
+    scale = np.float32(37.5)
+
+    def run(x, g, b):
+        ps = [g] if kind == "rms" else [g, b]
+        rest = [*ps, jnp.zeros((0,), x.dtype), jnp.asarray(scale), jnp.zeros((0,), jnp.float32)]
+        outs = prim._fwd_sharded(st, (), x.shape[-1], x, *rest)
+        return outs[0], outs[-1]
+
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    hlo = jax.jit(run).lower(x_, g_, b_).as_text()
+    assert f"jrn_{kind}_norm_stats" in hlo and f"jrn_{kind}_norm_apply_fp8" in hlo
+    outs = jax.jit(run)(x_, g_, b_)
+    _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, f"{kind} {dname(dtype)} {shape} slice {quant}",
+                       scale=scale, group=group)
+
+
 # ---------------------------------------------------------------------------
 # straight-through gradients
 

@@ -413,8 +413,9 @@ def test_all_reduce_rms_norm_errors():
 
 # ---------------------------------------------------------------------------
 # the fused variants under sharded jit: the residual add + norm and the FP8
-# outputs with a given per-tensor scale or per-row scales split rows and the
-# hidden dim; per-group scales and current scaling split rows only (the hidden
+# outputs with a given per-tensor scale, per-row scales, or per-group scales
+# whose groups the split keeps whole, split rows and the hidden dim; current
+# scaling, and per-group scales a split would cut, split rows only (the hidden
 # dim is gathered); per-tensor amax is the max over every device's rows
 
 
@@ -434,6 +435,10 @@ def _fused_cases():
                                                                h_dtype=jnp.float32),
         "fp8_layer_row": lambda x, r, g: jrn.layer_norm_fp8_rowwise(x, g, g, out_dtype=fp8),
         "fp8_group": lambda x, r, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=16, out_dtype=fp8),
+        "fp8_layer_group": lambda x, r, g: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=8, out_dtype=fp8,
+                                                                        residual=r, scale_ub=0.004),
+        # one group a row: a split of the hidden dim would cut it (gathered)
+        "fp8_group_whole_row": lambda x, r, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=64, out_dtype=fp8),
     }
 
 
@@ -493,29 +498,29 @@ def test_fused_rows_sharded_hlo():
     assert comms and all(op == "all-reduce" and n <= 1 for op, n in comms), comms
 
 
-@pytest.mark.parametrize("case", ["tensor", "row"])
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
+@pytest.mark.parametrize("case", ["tensor", "row", "group"])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
-def test_fp8_hidden_sharded_hlo_moves_statistics_only(kind, case):
+def test_fp8_hidden_sharded_hlo_moves_statistics_only(kind, case, axis_type):
     # FP8 output (after the residual add) with the hidden dim split: the
     # statistics, the amax or row maxima, and the dgamma slices cross devices;
-    # no activation does.
+    # no activation, and no group scale, does. Each slice is normalized and
+    # quantized by the apply_fp8 kernel.
     rows, hidden = 64, 1024
-    norm = jrn.rms_norm_fp8 if kind == "rms" else jrn.layer_norm_fp8
-    norm_row = jrn.rms_norm_fp8_rowwise if kind == "rms" else jrn.layer_norm_fp8_rowwise
+    prefix = "rms_norm_fp8" if kind == "rms" else "layer_norm_fp8"
+    norm = getattr(jrn, prefix + {"tensor": "", "row": "_rowwise", "group": "_groupwise"}[case])
     extra = () if kind == "rms" else (None,)
+    kw = {"tensor": dict(scale=jnp.float32(4.0)), "row": {}, "group": dict(group_size=32)}[case]
 
     def loss(x, r, g, _):
-        if case == "tensor":
-            q, _, h = norm(x, g, *extra, scale=jnp.float32(4.0), residual=r)
-        else:
-            q, _, h = norm_row(x, g, *extra, residual=r)
-        return loss_of(q.astype(jnp.float32)) + loss_of(h.astype(jnp.float32))
+        q, scales, h = norm(x, g, *extra, residual=r, **kw)
+        return loss_of(q.astype(jnp.float32)) + loss_of(h.astype(jnp.float32)) + jnp.sum(scales)
 
-    hlo, comms = _hidden_sharded_hlo(AxisType.Auto, loss, 2, 61, rows, hidden)
+    hlo, comms = _hidden_sharded_hlo(axis_type, loss, 2, 61, rows, hidden)
     local_rows, local_hidden = rows // 2, hidden // 4
     assert comms and any(op == "all-reduce" for op, _ in comms)
     assert all(n <= max(2 * local_rows * 4, 2 * local_hidden + 2) for _, n in comms), comms
-    assert "jrn_" + kind + "_norm_stats" in hlo
+    assert "jrn_" + kind + "_norm_stats" in hlo and "jrn_" + kind + "_norm_apply_fp8" in hlo
 
 
 def test_fp8_vmapped_scale_hidden_sharded():

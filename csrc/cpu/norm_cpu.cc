@@ -247,34 +247,59 @@ struct CpuBackend {
       for (int c = 0; c < 256; ++c) fp8_value[c] = from_fp8(static_cast<uint8_t>(c), a.x_fmt);
     }
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
-    // Rows are split into chunks run in parallel; a per-tensor amax is merged
-    // per chunk, then over the chunks.
+    // Rows are split into chunks run in parallel. A per-tensor amax (tensors
+    // are runs of consecutive rows, as many as rows at most) is taken per
+    // chunk over the tensors its rows touch: a tensor inside one chunk's rows
+    // is that chunk's alone and written at once, the first and last tensors
+    // of each chunk are merged over the chunks afterwards.
     const int64_t chunks = chunk_count(pool, a.shape.rows, row_grain(H));
-    std::vector<float> chunk_amax(per_tensor ? chunks * a.tensors : 0, 0.f);
+    const int64_t rpt = per_tensor && a.shape.rows > 0 ? a.shape.rows / a.tensors : 1;
+    std::vector<int64_t> ends(per_tensor ? 2 * chunks : 0, -1);  // a chunk's first and last tensor
+    std::vector<float> end_amax(ends.size(), 0.f);
+    auto finish = [&](float m) { return current ? quant_scale(m, a.fp8, a.scale_ub) : m; };
     // One pass over the rows; current scaling takes two: the first merges each
     // tensor's amax (and stores h and the statistics), then amax becomes
     // scale_inv, then the second quantizes.
     auto pass = [&](bool second) {
       run_chunks(pool, a.shape.rows, chunks, [&](int64_t c, int64_t r0, int64_t r1) {
-        rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, per_tensor ? chunk_amax.data() + c * a.tensors : nullptr);
+        if (!per_tensor || second || r1 <= r0) {
+          rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, nullptr, 0);
+          return;
+        }
+        const int64_t t0 = r0 / rpt, t1 = (r1 - 1) / rpt;
+        std::vector<float> m(static_cast<size_t>(t1 - t0 + 1), 0.f);
+        rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, m.data(), t0);
+        for (int64_t t = t0 + 1; t < t1; ++t) a.amax[t] = finish(m[t - t0]);
+        ends[2 * c] = t0;
+        ends[2 * c + 1] = t1;
+        end_amax[2 * c] = m.front();
+        end_amax[2 * c + 1] = m.back();
       });
     };
     pass(false);
     if (per_tensor) {
-      for (int64_t t = 0; t < a.tensors; ++t) {
-        float m = 0.f;
-        for (int64_t c = 0; c < chunks; ++c) m = nan_max(m, chunk_amax[c * a.tensors + t]);
-        a.amax[t] = current ? quant_scale(m, a.fp8, a.scale_ub) : m;
+      if (a.shape.rows == 0) std::fill(a.amax, a.amax + a.tensors, finish(0.f));
+      for (int64_t t : ends) {
+        if (t >= 0) a.amax[t] = 0.f;
+      }
+      for (size_t i = 0; i < ends.size(); ++i) {
+        if (ends[i] >= 0) a.amax[ends[i]] = nan_max(a.amax[ends[i]], end_amax[i]);
+      }
+      int64_t last = -1;  // ends rise over the chunks: each tensor finished once
+      for (int64_t t : ends) {
+        if (t > last) a.amax[t] = finish(a.amax[t]);
+        last = std::max(last, t);
       }
     }
     if (current) pass(true);
     return ffi::Error::Success();
   }
 
-  // Rows [r0, r1) of the forward; `amax` (per-tensor FP8) is this chunk's.
+  // Rows [r0, r1) of the forward; `amax` (per-tensor FP8) is this chunk's,
+  // amax[t - t0] for tensor t.
   template <NormKind K, class T, class P>
   static void rows_fwd(const FwdArgs& a, const float* fp8_value, int64_t r0, int64_t r1, bool second,
-                       float* amax) {
+                       float* amax, int64_t t0) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
@@ -368,9 +393,10 @@ struct CpuBackend {
       if (per_tensor) {
         const int64_t t = r / rows_per_tensor;
         if (!current) {
-          amax[t] = nan_max(amax[t], quantize(0, H, nullptr, a.scale[t]));
+          const float mul = a.no_output ? 0.f : a.scale_inverted ? 1.f / a.scale[t] : a.scale[t];
+          amax[t - t0] = nan_max(amax[t - t0], quantize(0, H, nullptr, mul, !a.no_output));
         } else if (!second) {
-          amax[t] = nan_max(amax[t], quantize(0, H, nullptr, 0.f, false));
+          amax[t - t0] = nan_max(amax[t - t0], quantize(0, H, nullptr, 0.f, false));
         } else {
           quantize(0, H, nullptr, 1.f / a.amax[t]);  // a.amax holds scale_inv by now
         }
