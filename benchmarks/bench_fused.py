@@ -20,6 +20,11 @@ is one array); its jnp counterpart is ``jax.vjp`` of the composition. h is
 returned because dh is an input: h has a consumer (the next block's residual
 add), so a model writes it. ``--fwdbwd-drop-h`` times the older definition
 without h, where XLA need not write it and recomputes x + r in the backward.
+With ``--hidden-slice`` the FP8 outputs (per tensor, row or group, with or
+without the residual) take the path each device runs when the hidden dim is
+split across devices, here on one device with no mesh axes: the statistics
+kernel, then the apply_fp8 kernel (per row: a measuring pass, then the
+quantizing one), and the residual add in an XLA fusion before them.
 ``fp8in_rms`` / ``fp8in_ln`` normalize an FP8 x with one scale per group of
 ``--group`` columns into ``--dtype`` (``_tensor``: one scale for the tensor):
 q and the scales read, y written; the jnp composition dequantizes and
@@ -83,7 +88,26 @@ def dequantize(q, s, group):
     return (qf * s[..., None]).reshape(q.shape)
 
 
-def make(op, g, b, fmt, group, zc_scale, keep_h=True):
+def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
+    """(x, r) -> the FP8 output as one device of a split hidden dim makes it
+    (see --hidden-slice), in the public functions' output order."""
+    from jax_rmsnorm import _primitives as prim
+
+    def call(x, r):
+        fused = prim.FusedSpec(residual=r is not None, h_dtype=x.dtype if r is not None else None, quant=mode,
+                               out_dtype=np.dtype(FP8[fmt]), group_size=group if mode == "group" else 0)
+        params = dict(kind=kind, eps=1e-6 if kind == "rms" else 1e-5, zero_centered_gamma=False, has_gamma=True,
+                      has_beta=kind == "layer", given_stats=False, fused=fused)
+        st = prim._Static("fwd", tuple(sorted(params.items())), "cuda")
+        rest = [g] if kind == "rms" else [g, b]
+        rest += [r if r is not None else jnp.zeros((0,), x.dtype), jnp.asarray(scale, jnp.float32),
+                 jnp.zeros((0,), jnp.float32)]
+        outs = prim._fwd_sharded(st, (), x.shape[-1], x, *rest)
+        return (outs[0], outs[-1], outs[-2]) if r is not None else (outs[0], outs[-1])
+    return call
+
+
+def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
     """(ours, jnp composition, plain norm, kind, uses residual, fp8 mode or None, backward)."""
     kind = "layer" if "ln" in op else "rms"
     residual = op.startswith("add_")
@@ -143,6 +167,8 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True):
                 "group": jrn.layer_norm_fp8_groupwise, "current": jrn.layer_norm_fp8_current}[mode]
         call = lambda x, r: (base(x, r, g, b) if mode is None else base(x, g, b, residual=r, **kw)) if residual \
             else base(x, g, b, **kw)
+    if hidden_slice and mode in ("tensor", "row", "group"):
+        call = hidden_slice_call(kind, mode, fmt, group, zc_scale, g, b)
 
     def comp(x, r):
         h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype) if residual else x
@@ -197,6 +223,8 @@ def main():
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--hidden-slice", action="store_true",
+                    help="FP8 outputs on the path of one device of a split hidden dim (see above)")
     ap.add_argument("--fwdbwd-drop-h", action="store_true",
                     help="*_fwdbwd without h among the outputs (the definition before 2026-11-24)")
     args = ap.parse_args()
@@ -225,7 +253,8 @@ def main():
                 if (op.endswith("_group") or op.startswith("fp8in")) and h % args.group:
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
-                                                                      jnp.float32(100.0), not args.fwdbwd_drop_h)
+                                                                      jnp.float32(100.0), not args.fwdbwd_drop_h,
+                                                                      args.hidden_slice)
                 if op.startswith("fp8in"):  # FP8 inputs: x quantized per group (or per tensor)
                     mode_in = "current" if op.endswith("_tensor") else "group"
                     sets = [quantize(x.astype(jnp.float32), mode_in, args.fp8, group=args.group) for x in xs]

@@ -20,6 +20,21 @@ for step in "$@"; do
       { python3 benchmarks/bench_fused.py
         python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
       } 2>&1 | tee "$OUT/bench_fused.log" | grep -v '^|' ;;
+    bench-slice)  # the FP8 outputs on one device of a split hidden dim, and the fused kernels, same run
+      { python3 benchmarks/bench_fused.py --ops rms_fp8 ln_fp8 rms_fp8_row rms_fp8_group add_rms_fp8 --hidden 4096 16384
+        python3 benchmarks/bench_fused.py --ops rms_fp8 ln_fp8 rms_fp8_row rms_fp8_group add_rms_fp8 --hidden 4096 16384 \
+          --hidden-slice
+      } 2>&1 | tee "$OUT/bench_slice.log" | grep -v '^|' ;;
+    ncu-decode)  # kernel times of ours and XLA's forward at decode-time rows (graph nodes profiled too)
+      for shape in "16 4096" "64 8192" "256 4096"; do
+        read -r r hd <<< "$shape"
+        ncu --clock-control none --cache-control none --graph-profiling node \
+          --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__warps_launched.sum,launch__grid_size,launch__block_size \
+          python3 benchmarks/profile_ops.py rms_fwd xla_rms_fwd ln_fwd xla_ln_fwd --rows "$r" --hidden "$hd" --calls 3 \
+          > "$OUT/ncu_decode_${r}x$hd.txt" 2>&1
+        grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|inst_executed|warps_launched|grid_size|block_size" \
+          "$OUT/ncu_decode_${r}x$hd.txt" | head -80
+      done ;;
     bench-fp8in)  # FP8 input, per group of 128 and per tensor (issue 5)
       python3 benchmarks/bench_fused.py --ops fp8in_rms fp8in_ln fp8in_rms_tensor --hidden 1024 4096 8192 16384 65536 \
         2>&1 | tee "$OUT/bench_fp8in.log" | grep -v '^|' ;;
