@@ -41,6 +41,10 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
 
 }  // namespace jrn
 
+// The quantization attributes that end both *_apply_fp8 bindings.
+#define JRN_APPLY_FP8_ATTRS \
+  .Attr<int32_t>("quant").Attr<int64_t>("group_size").Attr<float>("scale_ub").Attr<bool>("inverted").Attr<bool>("measure")
+
 #define JRN_DEFINE_DIST_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                           \
   namespace jrn_dist_##PREFIX {                                                                 \
   using namespace ::jrn;                                                                        \
@@ -214,12 +218,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
       },                                                                                        \
       JRN_BUFFERS(BIND, 4, 2)                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<int32_t>("quant")                                                               \
-          .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub")                                                              \
-          .Attr<bool>("inverted")                                                               \
-          .Attr<bool>("measure"),                                                               \
+          .Attr<bool>("has_gamma") JRN_APPLY_FP8_ATTRS,                                         \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##LayerNormApplyFp8,                                                                \
@@ -235,12 +234,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
       JRN_BUFFERS(BIND, 6, 2)                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta")                                                               \
-          .Attr<int32_t>("quant")                                                               \
-          .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub")                                                              \
-          .Attr<bool>("inverted")                                                               \
-          .Attr<bool>("measure"),                                                               \
+          .Attr<bool>("has_beta") JRN_APPLY_FP8_ATTRS,                                          \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormBwdGiven,                                                                  \
