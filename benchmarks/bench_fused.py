@@ -96,14 +96,11 @@ def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
     def call(x, r):
         fused = prim.FusedSpec(residual=r is not None, h_dtype=x.dtype if r is not None else None, quant=mode,
                                out_dtype=np.dtype(FP8[fmt]), group_size=group if mode == "group" else 0)
-        params = dict(kind=kind, eps=1e-6 if kind == "rms" else 1e-5, zero_centered_gamma=False, has_gamma=True,
-                      has_beta=kind == "layer", given_stats=False, fused=fused)
-        st = prim._Static("fwd", tuple(sorted(params.items())), "cuda")
-        rest = [g] if kind == "rms" else [g, b]
-        rest += [r if r is not None else jnp.zeros((0,), x.dtype), jnp.asarray(scale, jnp.float32),
-                 jnp.zeros((0,), jnp.float32)]
-        outs = prim._fwd_sharded(st, (), x.shape[-1], x, *rest)
-        return (outs[0], outs[-1], outs[-2]) if r is not None else (outs[0], outs[-1])
+        q, _, _, h, qs = prim.norm_fwd_fused(
+            x, g, b, r, jnp.asarray(scale, jnp.float32), None, kind=kind, eps=1e-6 if kind == "rms" else 1e-5,
+            zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer", fused=fused,
+            on_hidden_slice="cpu" if jax.default_backend() == "cpu" else "cuda")
+        return (q, qs, h) if r is not None else (q, qs)
     return call
 
 

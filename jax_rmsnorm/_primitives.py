@@ -197,8 +197,13 @@ class FusedSpec:
 
 
 def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_centered_gamma, has_gamma,
-                   has_beta, fused: FusedSpec):
-    """Binds the fused forward; returns ``(y, mean, rstd, h, qs)`` (None where absent)."""
+                   has_beta, fused: FusedSpec, on_hidden_slice: Optional[str] = None):
+    """Binds the fused forward; returns ``(y, mean, rstd, h, qs)`` (None where absent).
+
+    ``on_hidden_slice`` (a platform, "cpu" or "cuda"): instead of binding,
+    run what each device runs when the hidden dim is split across devices,
+    here on these arrays as one slice with no mesh axes (that path's tests
+    and benchmark use it on one device)."""
     params = dict(kind=kind, eps=float(eps), zero_centered_gamma=bool(zero_centered_gamma),
                   has_gamma=bool(has_gamma), has_beta=bool(has_beta), given_stats=False, fused=fused)
     if residual is None:
@@ -208,7 +213,11 @@ def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_
     if x_scale is None:
         x_scale = _placeholder(np.float32)
     ps = [gamma] if kind == RMS else [gamma, beta]
-    outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, **params)
+    if on_hidden_slice is not None:
+        st = _Static("fwd", tuple(sorted(params.items())), on_hidden_slice)
+        outs = _fwd_sharded(st, (), x.shape[-1], x, *ps, residual, scale, x_scale)
+    else:
+        outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, **params)
     if kind == RMS:
         y, rstd, h, qs = outs
         mean = None

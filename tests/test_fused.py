@@ -460,16 +460,13 @@ def test_fp8_hidden_slice_path(kind, dtype, quant, group, shape, platform):
     gamma, beta = _params(kind, shape[-1], dtype, key)
     fmt = E4M3 if quant != "row" else E5M2
     fused = prim.FusedSpec(quant=quant, out_dtype=np.dtype(fmt), group_size=group)
-    params = dict(kind=kind, eps=EPS[kind], zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer",
-                  given_stats=False, fused=fused)
-    st = prim._Static("fwd", tuple(sorted(params.items())), platform)
     scale = np.float32(37.5)
 
     def run(x, g, b):
-        ps = [g] if kind == "rms" else [g, b]
-        rest = [*ps, jnp.zeros((0,), x.dtype), jnp.asarray(scale), jnp.zeros((0,), jnp.float32)]
-        outs = prim._fwd_sharded(st, (), x.shape[-1], x, *rest)
-        return outs[0], outs[-1]
+        y, _, _, _, qs = prim.norm_fwd_fused(
+            x, g, b, None, jnp.asarray(scale), None, kind=kind, eps=EPS[kind], zero_centered_gamma=False,
+            has_gamma=True, has_beta=kind == "layer", fused=fused, on_hidden_slice="cuda" if platform == "gpu" else "cpu")
+        return y, qs
 
     x_, g_, b_ = put(platform, x, gamma, beta)
     poison(platform, 8 * x.size + 1024)

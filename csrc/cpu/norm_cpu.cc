@@ -279,17 +279,19 @@ struct CpuBackend {
     pass(false);
     if (per_tensor) {
       if (a.shape.rows == 0) std::fill(a.amax, a.amax + a.tensors, finish(0.f));
-      for (int64_t t : ends) {
-        if (t >= 0) a.amax[t] = 0.f;
-      }
+      // The ends rise over the chunks: each tensor's run of them merged, then finished once.
+      int64_t t = -1;
+      float run = 0.f;
       for (size_t i = 0; i < ends.size(); ++i) {
-        if (ends[i] >= 0) a.amax[ends[i]] = nan_max(a.amax[ends[i]], end_amax[i]);
+        if (ends[i] < 0) continue;
+        if (ends[i] != t) {
+          if (t >= 0) a.amax[t] = finish(run);
+          t = ends[i];
+          run = 0.f;
+        }
+        run = nan_max(run, end_amax[i]);
       }
-      int64_t last = -1;  // ends rise over the chunks: each tensor finished once
-      for (int64_t t : ends) {
-        if (t > last) a.amax[t] = finish(a.amax[t]);
-        last = std::max(last, t);
-      }
+      if (t >= 0) a.amax[t] = finish(run);
     }
     if (current) pass(true);
     return ffi::Error::Success();
