@@ -670,3 +670,21 @@ def test_fp8_transpose_grad_is_straight_through(platform):
     via_q = jax.grad(lambda x, g: jnp.sum(jrn.rms_norm_fp8_current(x, g)[0].astype(jnp.float32) * w), (0, 1))(x, g)
     for a, b in zip(via_t, via_q):
         np.testing.assert_array_equal(f64(a), f64(b))
+
+
+# Rows and columns multiples of 16 take the 128 x 128-byte tiles of 16-byte
+# pieces (whole tiles, partial ones on either side, batches); any other shape
+# the byte-wise tiles.
+@pytest.mark.parametrize("shape", [(16, 16), (128, 128), (48, 272), (2, 3, 144, 400), (1040, 4096), (256, 16),
+                                   (16, 2064), (5, 7), (1, 16), (16, 1), (130, 260), (3, 33, 4097)], ids=sid)
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
+def test_fp8_transpose_bytes(shape, fmt, platform):
+    """Every byte pattern (NaN codes too) moved as is: compared byte for byte."""
+    from jax_rmsnorm._primitives import fp8_transpose
+    rng = np.random.default_rng(case_key(("t", shape)))
+    q = rng.integers(0, 256, shape, dtype=np.uint8).view(np.dtype(fmt))
+    (q_,) = put(platform, q)
+    poison(platform, 8 * q.size + 1024)
+    qt = jax.jit(fp8_transpose)(q_)
+    assert qt.shape == shape[:-2] + (shape[-1], shape[-2]) and qt.dtype == fmt
+    np.testing.assert_array_equal(np.asarray(qt).view(np.uint8), np.swapaxes(q.view(np.uint8), -1, -2))

@@ -1113,47 +1113,6 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
 
 }  // namespace
 
-namespace {
-
-// Byte transpose through a shared-memory tile of 32 x 32 (padded against bank
-// conflicts): reads and writes 32 consecutive bytes per warp. Tiles along
-// rows are walked grid-stride (their count may exceed the grid's y limit).
-constexpr int kTile = 32, kTileRows = 8;
-
-__global__ void __launch_bounds__(kTile* kTileRows)
-    transpose8_kernel(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
-  const int64_t off = static_cast<int64_t>(blockIdx.z) * rows * cols;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows;
-       r0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[i][threadIdx.x] = in[off + r * cols + c];
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) out[off + c * rows + r] = tile[threadIdx.x][i];
-    }
-    __syncthreads();  // the tile is rewritten next
-  }
-}
-
-}  // namespace
-
-ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
-                             int64_t cols) {
-  const int64_t tiles_c = (cols + kTile - 1) / kTile, tiles_r = (rows + kTile - 1) / kTile;
-  if (tiles_c > INT32_MAX || batch > 65535)
-    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
-  const dim3 grid(static_cast<unsigned>(tiles_c), static_cast<unsigned>(std::min<int64_t>(tiles_r, 65535)),
-                  static_cast<unsigned>(batch));
-  transpose8_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(static_cast<const uint8_t*>(in),
-                                                                 static_cast<uint8_t*>(out), rows, cols);
-  return check_launch("transpose8");
-}
-
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
   switch (a.quant) {
