@@ -165,6 +165,8 @@ struct FwdArgs {
   int64_t x_group = 0;
   // One amax per tensor is taken over all rows (given or current scaling).
   JRN_HOST_DEVICE bool tensor_amax() const { return quant == Quant::kTensor || quant == Quant::kCurrent; }
+  // kTensor: the tensor of `row`; one tensor costs no 64-bit division.
+  JRN_HOST_DEVICE int64_t tensor_of(int64_t row) const { return tensors <= 1 ? 0 : row / (shape.rows / tensors); }
 };
 
 struct BwdArgs {

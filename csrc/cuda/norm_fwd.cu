@@ -115,21 +115,21 @@ __device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, f
 // into amax of each row's tensor: one atomic per tensor the CTA touches.
 // `smem` holds a float per row of the CTA.
 __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float m, float* smem) {
-  const int64_t rpt = a.shape.rows / a.tensors;
   if (blockDim.y == 1) {
-    if (threadIdx.x == 0 && row0 < a.shape.rows) atomic_abs_max(a.amax + row0 / rpt, m);
+    if (threadIdx.x == 0 && row0 < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row0), m);
     return;
   }
   if (threadIdx.x == 0) smem[threadIdx.y] = m;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
-    int64_t t = row0 / rpt;
+    const int64_t rpt = a.tensors <= 1 ? a.shape.rows : a.shape.rows / a.tensors;
+    int64_t t = a.tensor_of(row0), end = (t + 1) * rpt;  // the rows of tensor t end at `end`
     float run = 0.f;
     for (int r = 0; r < static_cast<int>(blockDim.y) && row0 + r < a.shape.rows; ++r) {
-      const int64_t tr = (row0 + r) / rpt;
-      if (tr != t) {
+      if (row0 + r >= end) {
         atomic_abs_max(a.amax + t, run);
-        t = tr;
+        ++t;
+        end += rpt;
         run = 0.f;
       }
       run = abs_max(run, smem[r]);
@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   const int rank = cluster > 1 ? static_cast<int>(blockIdx.x % cluster) : 0;
   const int64_t row = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
+  // Per-tensor FP8: the scale loaded with x, not after the reductions, where
+  // the stores waited for it (an L2 round trip a row).
+  float tensor_scale = 0.f;
+  if (Q == Quant::kTensor && valid && !a.no_output) tensor_scale = a.scale[a.tensor_of(row)];
   const int col0 = (rank * static_cast<int>(blockDim.x) * kRegItems + static_cast<int>(threadIdx.x)) * VEC;
   const int col_step = static_cast<int>(blockDim.x) * VEC;
   auto column = [&](int i) { return col0 + i * col_step; };
@@ -249,11 +253,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   float m = 0.f;  // max |y| of this thread's columns
-  float tensor_scale = 0.f;
-  if (Q == Quant::kTensor && valid && !a.no_output) {
-    tensor_scale = a.scale[row / (a.shape.rows / a.tensors)];
-    if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
-  }
+  if (Q == Quant::kTensor && a.scale_inverted && valid && !a.no_output) tensor_scale = 1.f / tensor_scale;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int col = column(i);
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     }
     float mul = inv;
     if (Q == Quant::kTensor && !a.no_output) {
-      mul = a.scale[row / (a.shape.rows / a.tensors)];
+      mul = a.scale[a.tensor_of(row)];
       if (a.scale_inverted) mul = 1.f / mul;
     }
     float m[1] = {0.f};
@@ -505,7 +505,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     if constexpr (Q == Quant::kTensor) {
       if (a.amax) {  // uniform over the CTA
         row_sum<1>(m, smem, AbsMaxOp{});
-        if (threadIdx.x == 0) atomic_abs_max(a.amax + row / (a.shape.rows / a.tensors), m[0]);
+        if (threadIdx.x == 0) atomic_abs_max(a.amax + a.tensor_of(row), m[0]);
       }
     }
   } else {
@@ -605,7 +605,6 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
   // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
   // walked so far, merged into amax (one atomic per CTA) when the CTA moves
   // on to another tensor's rows and at the end. Uniform over the CTA.
-  const int64_t rows_per_tensor = Q == Quant::kTensor ? rows / a.tensors : 1;
   int64_t tensor = -1;
   float tensor_max = 0.f, tensor_scale = 0.f;
   auto merge_tensor_max = [&]() {
@@ -672,9 +671,9 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
         }
       }
     } else if constexpr (Q == Quant::kTensor) {
-      if (row / rows_per_tensor != tensor) {
+      if (a.tensor_of(row) != tensor) {
         merge_tensor_max();
-        tensor = row / rows_per_tensor;
+        tensor = a.tensor_of(row);
         tensor_max = 0.f;
         if (!a.no_output) tensor_scale = a.scale_inverted ? 1.f / a.scale[tensor] : a.scale[tensor];
       }
