@@ -26,6 +26,7 @@ def ops(x, g, b, dy):
         "rms_bwd": lambda: jrn.rms_norm_bwd(dy, x, jrn.rms_norm_fwd(x, g)[1], g),
         "ln_bwd": lambda: jrn.layer_norm_bwd(dy, x, *jrn.layer_norm_fwd(x, g, b)[1:], g),
         "rms_fp8": lambda: jrn.rms_norm_fp8(x, g, scale=r),
+        "ln_fp8": lambda: jrn.layer_norm_fp8(x, g, b, scale=r),
         "rms_fp8_row": lambda: jrn.rms_norm_fp8_rowwise(x, g),
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),

@@ -112,11 +112,16 @@ __device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, f
 }
 
 // Merges the CTA's per-row maxima `m` (held by thread x == 0 of each row)
-// into amax of each row's tensor: one atomic per tensor the CTA touches.
-// `smem` holds a float per row of the CTA.
+// into amax of each row's tensor: one atomic per tensor the CTA touches, or,
+// where a row is one warp or less, one a row. Such rows took their sums with
+// no barrier, and the CTA-wide one here cost per-tensor FP8 at 131072x1024
+// (bf16, H100, same-call A/B) 166.7 against 160.2 us for RMSNorm and 217.9
+// against 198.3 for LayerNorm. atomic_abs_max skips the atomic unless amax
+// grows, so the atomics stay few. `smem` holds a float per row of the CTA.
 __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float m, float* smem) {
-  if (blockDim.y == 1) {
-    if (threadIdx.x == 0 && row0 < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row0), m);
+  if (blockDim.y == 1 || blockDim.x <= 32) {
+    const int64_t row = row0 + threadIdx.y;
+    if (threadIdx.x == 0 && row < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row), m);
     return;
   }
   if (threadIdx.x == 0) smem[threadIdx.y] = m;
