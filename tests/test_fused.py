@@ -366,6 +366,41 @@ def test_fp8_with_residual(kind, quant, platform):
         assert_fp8_close(q, want, E4M3, what + " q", err)
 
 
+# A residual, rows wider than one CTA and enough of them to fill the GPU:
+# per-tensor FP8 (and current scaling's quantizing pass) takes the two passes
+# (fwd_add_stats, then fwd_apply quantizing). As one tensor of 300 rows, and
+# under vmap as three of 100 rows, whose CTAs merge into three amax.
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=dname)
+@pytest.mark.parametrize("quant", ["tensor", "current"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_with_residual_many_rows(kind, quant, dtype, platform):
+    key = case_key(("addmany8", kind, quant, dname(dtype)))
+    n, hidden = 100, 65536
+    x = random(key, (3, n, hidden), dtype, scale=2.0, offset=0.5)
+    r = (random(key + 1, (3, n, hidden), dtype, scale=1.5) * jnp.array([0.5, 4.0, 1.0])[:, None, None]).astype(dtype)
+    gamma, beta = _params(kind, hidden, dtype, key)
+    scales = np.array([300.0, 20.0, 90.0], np.float32)
+    f = _fp8_fn(kind, quant)
+    x_, r_, g_, b_ = put(platform, x, r, gamma, beta)
+    if quant == "tensor":
+        one = lambda x, r, s: f(x, g_, b_, residual=r, scale=s)
+    else:
+        one = lambda x, r, s: f(x, g_, b_, residual=r)
+    poison(platform, 8 * x.size + 1024)
+    whole = jax.jit(one)(x_.reshape(-1, hidden), r_.reshape(-1, hidden), scales[0])
+    h_ref = ref_add(x, r, dtype)
+    what = f"{kind} {quant} {dname(dtype)} residual {3 * n}x{hidden}"
+    np.testing.assert_array_equal(f64(whole[2]), f64(h_ref.reshape(-1, hidden)), err_msg=what + " h")
+    _check_fp8_outputs(kind, quant, h_ref.reshape(-1, hidden), gamma, beta, whole[:2], E4M3, what, scale=scales[0])
+    poison(platform, 8 * x.size + 1024)
+    got = jax.jit(jax.vmap(one))(x_, r_, scales)
+    for i in range(3):
+        np.testing.assert_array_equal(f64(got[2][i]), f64(h_ref[i]), err_msg=f"{what} vmapped tensor {i} h")
+        _check_fp8_outputs(kind, quant, h_ref[i], gamma, beta, (got[0][i], got[1][i]), E4M3,
+                           f"{what} vmapped tensor {i}", scale=scales[i])
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_saturates(kind, fmt, platform):

@@ -871,14 +871,23 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
 }
 
 // y = (src - mean) * rstd * scale + beta for kApplyItems packs a thread of
-// one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd.
-template <NormKind K, class T, class P, int VEC>
+// one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd. Per-tensor
+// FP8 (Q = kTensor): y stored as q = y * scale, and the CTA's max |y| merged
+// into its tensor's amax.
+template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* src, int chunks) {
+  static_assert(Q == Quant::kNone || Q == Quant::kTensor, "fwd_apply: plain or per-tensor FP8 output");
+  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const int64_t row = blockIdx.x / chunks;
   const int64_t chunk = blockIdx.x - row * chunks;
   const float rstd = a.rstd[row];
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+  float tensor_scale = 0.f;
+  if constexpr (Q == Quant::kTensor) {
+    tensor_scale = a.scale[a.tensor_of(row)];
+    if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
+  }
   const int64_t poff = a.shape.param_offset(row);
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
@@ -889,12 +898,25 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
   for (int i = 0; i < kApplyItems; ++i) {
     if (col0 + i * step < H) load_pack<VEC>(src + row * H + col0 + i * step, v[i]);
   }
+  float m[1] = {0.f};  // max |y| of this thread's columns
 #pragma unroll
   for (int i = 0; i < kApplyItems; ++i) {
     const int64_t col = col0 + i * step;
     if (col < H) {
       scale_shift<VEC>(v[i], mean, rstd, gamma, beta, col, a.zero_centered);
-      store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+      if constexpr (Q == Quant::kNone) {
+        store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+      } else {
+        store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m[0] = max_abs(m[0], v[i][j]);
+      }
+    }
+  }
+  if constexpr (Q == Quant::kTensor) {
+    if (a.amax) {  // uniform over the CTA: one row's chunk, one tensor
+      row_sum<1, AbsMaxOp, true>(m, smem);
+      if (threadIdx.x == 0) atomic_abs_max(a.amax + a.tensor_of(row), m[0]);
     }
   }
 }
@@ -902,33 +924,37 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
 // Whether a forward takes the two passes: rows wider than one CTA of
 // fwd_regs (`cta_vecs` packs), with given statistics, or with a residual of
 // x's dtype stored as x's dtype and rows enough for fwd_add_stats' one CTA a
-// row to fill the GPU (at least two a SM).
+// row to fill the GPU (at least two a SM); the plain norm or per-tensor FP8.
 template <Quant Q, class T, int VEC, bool XQ>
 bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
-  if constexpr (Q != Quant::kNone || XQ || sizeof(T) * VEC != 16) {
+  if constexpr ((Q != Quant::kNone && Q != Quant::kTensor) || XQ || sizeof(T) * VEC != 16) {
     return false;
   } else {
-    if (nvec <= cta_vecs || a.shape.rows == 0) return false;
+    if (nvec <= cta_vecs || a.shape.rows == 0 || a.no_output) return false;
     if (a.given_stats) return !a.residual;
     const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
-    return a.residual && !a.residual_f32 && !a.h_f32 && !a.no_output && sms > 0 && a.shape.rows >= 2 * sms;
+    return a.residual && !a.residual_f32 && !a.h_f32 && sms > 0 && a.shape.rows >= 2 * sms;
   }
 }
 
-template <NormKind K, class T, class P, int VEC>
+template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
-  // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
-  const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
-  if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  const T* src = static_cast<const T*>(a.x);
-  if (!a.given_stats) {
-    fwd_add_stats<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
-    JRN_RETURN_IF_ERROR(check_launch("fwd_add_stats"));
-    src = static_cast<const T*>(a.h);
+  if constexpr (Q != Quant::kNone && Q != Quant::kTensor) {
+    return ffi::Error::Internal("jax_rmsnorm: the two-pass forward takes the plain norm or per-tensor FP8");
+  } else {
+    // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
+    const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
+    if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    const T* src = static_cast<const T*>(a.x);
+    if (!a.given_stats) {
+      fwd_add_stats<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
+      JRN_RETURN_IF_ERROR(check_launch("fwd_add_stats"));
+      src = static_cast<const T*>(a.h);
+    }
+    fwd_apply<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows * chunks), kApplyThreads, 0, stream>>>(
+        a, src, static_cast<int>(chunks));
+    return check_launch("fwd_apply");
   }
-  fwd_apply<K, T, P, VEC><<<static_cast<unsigned>(a.shape.rows * chunks), kApplyThreads, 0, stream>>>(
-      a, src, static_cast<int>(chunks));
-  return check_launch("fwd_apply");
 }
 
 // Per-tensor FP8 output takes fwd_slices from rows of this many packs (CTAs
@@ -1032,7 +1058,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
   if (slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
-  if (two_pass_fits<Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, T, P, VEC>(stream, a, nvec);
+  if (two_pass_fits<Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
