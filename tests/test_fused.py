@@ -367,11 +367,12 @@ def test_fp8_with_residual(kind, quant, platform):
 
 
 # A residual, rows wider than one CTA and enough of them to fill the GPU:
-# per-tensor FP8 (and current scaling's quantizing pass) takes the two passes
-# (fwd_add_stats, then fwd_apply quantizing). As one tensor of 300 rows, and
-# under vmap as three of 100 rows, whose CTAs merge into three amax.
+# per-tensor FP8 (and current scaling's quantizing pass) and RMSNorm's per-row
+# FP8 take the two passes (fwd_add_stats, then fwd_apply quantizing). As one
+# tensor of 300 rows, and under vmap as three of 100 rows, whose CTAs merge
+# into three amax.
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=dname)
-@pytest.mark.parametrize("quant", ["tensor", "current"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_fp8_with_residual_many_rows(kind, quant, dtype, platform):

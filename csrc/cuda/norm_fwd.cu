@@ -837,15 +837,22 @@ constexpr int kAddStatsThreads = 256;  // one row a CTA
 constexpr int kApplyThreads = 256;
 constexpr int kApplyItems = 4;         // packs per thread in fwd_apply
 
-template <NormKind K, class T, int VEC>
+// Per-row FP8 (RMSNorm only): the row's scale from rstd * max |h * scale|,
+// reduced with the sum of squares (as fwd_slices does), written to qscale for
+// fwd_apply.
+template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
   constexpr bool kLayer = K == NormKind::kLayer;
-  constexpr int M = kLayer ? 2 : 1;  // LayerNorm: sum(d), sum(d^2) around a shift; RMSNorm: sum(h^2)
+  constexpr bool kRowMax = Q == Quant::kRow;
+  static_assert(!(kLayer && kRowMax), "fwd_add_stats: per-row FP8 scales for RMSNorm only");
+  // LayerNorm: sum(d), sum(d^2) around a shift; RMSNorm: sum(h^2), and per row max |h * scale|.
+  constexpr int M = kLayer || kRowMax ? 2 : 1;
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC, row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * H;
   const T* res = static_cast<const T*>(a.residual) + row * H;
   T* h = static_cast<T*>(a.h) + row * H;
+  const P* gamma = kRowMax && a.gamma ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
   auto h_at = [&](int64_t c) { return to_float(from_float<T>(to_float(x[c]) + to_float(res[c]))); };
   const float shift = kLayer ? layer_shift(h_at, H) : 0.f;
   float acc[M] = {};
@@ -857,36 +864,55 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
     for (int j = 0; j < VEC; ++j) v[j] += r[j];
     round_as<VEC, T>(false, v);  // h as stored is what is normalized
     store_pack<VEC>(h + p * VEC, v);
-    add_shifted_sums<M>(acc, v, shift);
+    if constexpr (kRowMax) {
+      float sc[VEC];
+      load_scale<VEC>(gamma, p * VEC, a.zero_centered, sc);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        acc[0] += v[j] * v[j];
+        acc[1] = max_abs(acc[1], v[j] * sc[j]);
+      }
+    } else {
+      add_shifted_sums<M>(acc, v, shift);
+    }
   }
-  row_sum_lead<M>(acc, smem);
+  if constexpr (kRowMax) {
+    row_sum<M, SumAbsMaxOp, true>(acc, smem);
+  } else {
+    row_sum_lead<M>(acc, smem);
+  }
   if (threadIdx.x != 0) return;
   if constexpr (kLayer) {
     const float2 mean_m2 = shifted_mean_m2(acc, shift, H);
     a.mean[row] = mean_m2.x;
     a.rstd[row] = rsqrtf(mean_m2.y / static_cast<float>(H) + a.eps);
   } else {
-    a.rstd[row] = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    a.rstd[row] = rstd;
+    if constexpr (kRowMax) a.qscale[row] = quant_scale(rstd * acc[1], a.fp8, a.scale_ub);
   }
 }
 
 // y = (src - mean) * rstd * scale + beta for kApplyItems packs a thread of
 // one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd. Per-tensor
 // FP8 (Q = kTensor): y stored as q = y * scale, and the CTA's max |y| merged
-// into its tensor's amax.
+// into its tensor's amax; per row (kRow): q = y / qscale[row], the row's
+// scale written by fwd_add_stats.
 template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* src, int chunks) {
-  static_assert(Q == Quant::kNone || Q == Quant::kTensor, "fwd_apply: plain or per-tensor FP8 output");
+  static_assert(Q == Quant::kNone || Q == Quant::kTensor || Q == Quant::kRow, "fwd_apply: no per-group FP8");
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const int64_t row = blockIdx.x / chunks;
   const int64_t chunk = blockIdx.x - row * chunks;
   const float rstd = a.rstd[row];
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
-  float tensor_scale = 0.f;
+  float mul = 0.f;  // FP8: q = y * mul
   if constexpr (Q == Quant::kTensor) {
-    tensor_scale = a.scale[a.tensor_of(row)];
-    if (a.scale_inverted) tensor_scale = 1.f / tensor_scale;
+    mul = a.scale[a.tensor_of(row)];
+    if (a.scale_inverted) mul = 1.f / mul;
+  } else if constexpr (Q == Quant::kRow) {
+    mul = 1.f / a.qscale[row];
   }
   const int64_t poff = a.shape.param_offset(row);
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
@@ -907,9 +933,11 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
       if constexpr (Q == Quant::kNone) {
         store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
       } else {
-        store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+        store_q<VEC>(a, row * H + col, v[i], mul);
+        if constexpr (Q == Quant::kTensor) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) m[0] = max_abs(m[0], v[i][j]);
+          for (int j = 0; j < VEC; ++j) m[0] = max_abs(m[0], v[i][j]);
+        }
       }
     }
   }
@@ -924,14 +952,20 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
 // Whether a forward takes the two passes: rows wider than one CTA of
 // fwd_regs (`cta_vecs` packs), with given statistics, or with a residual of
 // x's dtype stored as x's dtype and rows enough for fwd_add_stats' one CTA a
-// row to fill the GPU (at least two a SM); the plain norm or per-tensor FP8.
-template <Quant Q, class T, int VEC, bool XQ>
+// row to fill the GPU (at least two a SM); the plain norm, per-tensor FP8, or
+// RMSNorm's per-row FP8 (its scale found with the statistics).
+template <NormKind K, Quant Q>
+constexpr bool two_pass_quant() {
+  return Q == Quant::kNone || Q == Quant::kTensor || (Q == Quant::kRow && K == NormKind::kRms);
+}
+
+template <NormKind K, Quant Q, class T, int VEC, bool XQ>
 bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
-  if constexpr ((Q != Quant::kNone && Q != Quant::kTensor) || XQ || sizeof(T) * VEC != 16) {
+  if constexpr (!two_pass_quant<K, Q>() || XQ || sizeof(T) * VEC != 16) {
     return false;
   } else {
     if (nvec <= cta_vecs || a.shape.rows == 0 || a.no_output) return false;
-    if (a.given_stats) return !a.residual;
+    if (a.given_stats) return Q != Quant::kRow && !a.residual;
     const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
     return a.residual && !a.residual_f32 && !a.h_f32 && sms > 0 && a.shape.rows >= 2 * sms;
   }
@@ -939,15 +973,15 @@ bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
 
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
-  if constexpr (Q != Quant::kNone && Q != Quant::kTensor) {
-    return ffi::Error::Internal("jax_rmsnorm: the two-pass forward takes the plain norm or per-tensor FP8");
+  if constexpr (!two_pass_quant<K, Q>()) {
+    return ffi::Error::Internal("jax_rmsnorm: the two-pass forward takes no per-group FP8");
   } else {
     // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
     const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
     if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
     const T* src = static_cast<const T*>(a.x);
     if (!a.given_stats) {
-      fwd_add_stats<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
+      fwd_add_stats<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
       JRN_RETURN_IF_ERROR(check_launch("fwd_add_stats"));
       src = static_cast<const T*>(a.h);
     }
@@ -1058,7 +1092,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
   if (slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
-  if (two_pass_fits<Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
+  if (two_pass_fits<K, Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
