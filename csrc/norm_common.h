@@ -165,8 +165,12 @@ struct FwdArgs {
   int64_t x_group = 0;
   // One amax per tensor is taken over all rows (given or current scaling).
   JRN_HOST_DEVICE bool tensor_amax() const { return quant == Quant::kTensor || quant == Quant::kCurrent; }
-  // kTensor: the tensor of `row`; one tensor costs no 64-bit division.
-  JRN_HOST_DEVICE int64_t tensor_of(int64_t row) const { return tensors <= 1 ? 0 : row / (shape.rows / tensors); }
+  // kTensor: the rows of each tensor, and the tensor of `row` (one tensor
+  // costs no 64-bit division).
+  JRN_HOST_DEVICE int64_t rows_per_tensor() const { return tensors <= 1 ? shape.rows : shape.rows / tensors; }
+  JRN_HOST_DEVICE int64_t tensor_of(int64_t row) const { return tensors <= 1 ? 0 : row / rows_per_tensor(); }
+  // kTensor: what y of tensor t is multiplied by before rounding to FP8.
+  JRN_HOST_DEVICE float tensor_mul(int64_t t) const { return scale_inverted ? 1.f / scale[t] : scale[t]; }
 };
 
 struct BwdArgs {

@@ -253,7 +253,6 @@ struct CpuBackend {
     // is that chunk's alone and written at once, the first and last tensors
     // of each chunk are merged over the chunks afterwards.
     const int64_t chunks = chunk_count(pool, a.shape.rows, row_grain(H));
-    const int64_t rpt = per_tensor && a.shape.rows > 0 ? a.shape.rows / a.tensors : 1;
     std::vector<int64_t> ends(per_tensor ? 2 * chunks : 0, -1);  // a chunk's first and last tensor
     std::vector<float> end_amax(ends.size(), 0.f);
     auto finish = [&](float m) { return current ? quant_scale(m, a.fp8, a.scale_ub) : m; };
@@ -266,7 +265,7 @@ struct CpuBackend {
           rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, nullptr, 0);
           return;
         }
-        const int64_t t0 = r0 / rpt, t1 = (r1 - 1) / rpt;
+        const int64_t t0 = a.tensor_of(r0), t1 = a.tensor_of(r1 - 1);
         std::vector<float> m(static_cast<size_t>(t1 - t0 + 1), 0.f);
         rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, m.data(), t0);
         for (int64_t t = t0 + 1; t < t1; ++t) a.amax[t] = finish(m[t - t0]);
@@ -305,7 +304,6 @@ struct CpuBackend {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
-    const int64_t rows_per_tensor = per_tensor ? a.shape.rows / a.tensors : 0;
     std::vector<float> row(H), out(H), scale(H), shift(H);
     int64_t params_of = -1;  // the parameter group that scale/shift hold
     for (int64_t r = r0; r < r1; ++r) {
@@ -393,9 +391,9 @@ struct CpuBackend {
         return m;
       };
       if (per_tensor) {
-        const int64_t t = r / rows_per_tensor;
+        const int64_t t = a.tensor_of(r);
         if (!current) {
-          const float mul = a.no_output ? 0.f : a.scale_inverted ? 1.f / a.scale[t] : a.scale[t];
+          const float mul = a.no_output ? 0.f : a.tensor_mul(t);
           amax[t - t0] = nan_max(amax[t - t0], quantize(0, H, nullptr, mul, !a.no_output));
         } else if (!second) {
           amax[t - t0] = nan_max(amax[t - t0], quantize(0, H, nullptr, 0.f, false));

@@ -127,7 +127,7 @@ __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float
   if (threadIdx.x == 0) smem[threadIdx.y] = m;
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) {
-    const int64_t rpt = a.tensors <= 1 ? a.shape.rows : a.shape.rows / a.tensors;
+    const int64_t rpt = a.rows_per_tensor();
     int64_t t = a.tensor_of(row0), end = (t + 1) * rpt;  // the rows of tensor t end at `end`
     float run = 0.f;
     for (int r = 0; r < static_cast<int>(blockDim.y) && row0 + r < a.shape.rows; ++r) {
@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   const int64_t row = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
   // Per-tensor FP8: the scale loaded with x, not after the reductions, where
-  // the stores waited for it (an L2 round trip a row).
+  // the stores waited for it (an L2 round trip a row); inverted (tensor_mul)
+  // only after them, so that the division does not wait for the load.
   float tensor_scale = 0.f;
   if (Q == Quant::kTensor && valid && !a.no_output) tensor_scale = a.scale[a.tensor_of(row)];
   const int col0 = (rank * static_cast<int>(blockDim.x) * kRegItems + static_cast<int>(threadIdx.x)) * VEC;
@@ -493,10 +494,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
       if (threadIdx.x == 0) a.qscale[row] = scale;
     }
     float mul = inv;
-    if (Q == Quant::kTensor && !a.no_output) {
-      mul = a.scale[a.tensor_of(row)];
-      if (a.scale_inverted) mul = 1.f / mul;
-    }
+    if (Q == Quant::kTensor && !a.no_output) mul = a.tensor_mul(a.tensor_of(row));
     float m[1] = {0.f};
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
       float v[VEC];
@@ -680,7 +678,7 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
         merge_tensor_max();
         tensor = a.tensor_of(row);
         tensor_max = 0.f;
-        if (!a.no_output) tensor_scale = a.scale_inverted ? 1.f / a.scale[tensor] : a.scale[tensor];
+        if (!a.no_output) tensor_scale = a.tensor_mul(tensor);
       }
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
@@ -911,8 +909,7 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
   float mul = 0.f;  // FP8: q = y * mul
   if constexpr (Q == Quant::kTensor) {
-    mul = a.scale[a.tensor_of(row)];
-    if (a.scale_inverted) mul = 1.f / mul;
+    mul = a.tensor_mul(a.tensor_of(row));
   } else if constexpr (Q == Quant::kRow) {
     mul = 1.f / a.qscale[row];
   }
