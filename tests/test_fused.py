@@ -244,6 +244,50 @@ def test_fp8_current(kind, dtype, shape, fmt, platform):
     assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
 
 
+
+# Current scaling's parameters as its measuring pass reads them (RMSNorm's is a
+# kernel of its own on the GPU): float32 gamma for 16-bit x, zero-centered
+# gamma, no gamma, an unaligned hidden size, and under vmap a gamma per tensor.
+@pytest.mark.parametrize("shape", [(64, 1000), (32, 4096), (4, 65536), (6, 1001)], ids=sid)
+@pytest.mark.parametrize("params", ["f32", "zero_centered", "none"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_current_params(kind, params, shape, platform):
+    key = case_key(("cp", kind, params, shape))
+    dtype = jnp.bfloat16
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key, pdtype=jnp.float32 if params == "f32" else None)
+    zc = params == "zero_centered"
+    if zc:
+        gamma = (gamma.astype(jnp.float32) - 1.0).astype(gamma.dtype)  # 1 + gamma near 1
+    if params == "none":
+        gamma = beta = None
+    f = _fp8_fn(kind, "current", zero_centered_gamma=zc)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, si = jax.jit(f)(x_, g_, b_)
+    what = f"{kind} {params} {shape} current"
+    y = ref_forward(kind, x, gamma, beta, EPS[kind], zc)[0]
+    np.testing.assert_allclose(float(si), ref_scales(np.abs(y).max(), E4M3), rtol=2e-5, err_msg=what + " scale_inv")
+    m = FP8_MAX[np.dtype(E4M3)]
+    assert_fp8_close(q, np.clip(y / float(si), -m, m), E4M3, what + " q", y_error(y) / float(si))
+    if gamma is None:
+        return
+    # three tensors, each with its own gamma (and beta): one scale_inv each
+    x3 = random(key + 7, (3,) + shape, dtype, scale=2.0, offset=0.5) * jnp.array([1.0, 8.0, 0.25])[
+        (slice(None),) + (None,) * len(shape)]
+    x3 = x3.astype(dtype)
+    g3 = jnp.stack([gamma, (gamma.astype(jnp.float32) * 0.5).astype(gamma.dtype), gamma[::-1]])
+    b3 = None if beta is None else jnp.stack([beta, beta * 2, -beta])
+    x3_, g3_, b3_ = put(platform, x3, g3, b3)
+    poison(platform, 8 * x3.size + 1024)
+    q3, si3 = jax.jit(jax.vmap(f))(x3_, g3_, b3_)
+    for i in range(3):
+        yi = ref_forward(kind, x3[i], g3[i], None if b3 is None else b3[i], EPS[kind], zc)[0]
+        wi = f"{what} vmapped tensor {i}"
+        np.testing.assert_allclose(float(si3[i]), ref_scales(np.abs(yi).max(), E4M3), rtol=2e-5,
+                                   err_msg=wi + " scale_inv")
+        assert_fp8_close(q3[i], np.clip(yi / float(si3[i]), -m, m), E4M3, wi + " q", y_error(yi) / float(si3[i]))
+
 def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None, group=None):
     """q and its statistic (amax, scale_inv, row or group scales) against the float64 reference."""
     y = _ref_y(kind, x, gamma, beta)

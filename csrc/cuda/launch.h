@@ -20,6 +20,10 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a);
 
 template <NormKind K, class T, class P>
 ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
+// Current scaling's measuring pass where it has a kernel of its own (RMSNorm
+// without a residual, given statistics or FP8 input): max |y| into a.amax.
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a);
 // out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.
 ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
                              int64_t cols);

@@ -4,6 +4,8 @@
 //               sums taken around a shift near the row's mean (layer_shift).
 //   grad_stats: sum(gdy * xhat), and for LayerNorm sum(gdy) after it,
 //               gdy = dy * scale.
+// and, on the same launch shape, x_amax: the measuring pass of RMSNorm's
+// current FP8 scaling (max |y| of the tensor, read-only).
 // A block is (threads per row, rows per block), as row_sum expects.
 #include "device_utils.cuh"
 #include "launch.h"
@@ -95,10 +97,42 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   }
 }
 
+// Current scaling's measuring pass for RMSNorm without a residual: max |y|
+// of each row, y = x * rstd * scale, merged into amax of the row's tensor
+// (zeroed before). rstd > 0 is common to the row, so max |y| = rstd * max |x *
+// scale|, and one reduction a row takes both sums; read-only, on the x
+// statistics' launch shape (below). Measured with the quantizing pass after
+// it: see launch_fwd_current in norm_fwd.cu.
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden, nvec = H / VEC;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
+  float acc[2] = {};  // sum(x^2), max |x * scale|
+  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
+    float v[VEC], s[VEC];
+    load_pack<VEC>(x + p * VEC, v);
+    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      acc[0] += v[j] * v[j];
+      acc[1] = max_abs(acc[1], v[j] * s[j]);
+    }
+  }
+  row_sum<2, SumAbsMaxOp, true>(acc, smem);
+  if (valid && threadIdx.x == 0) {
+    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    atomic_abs_max(a.amax + a.tensor_of(row), max_abs(0.f, rstd * acc[1]));
+  }
+}
+
 // Threads per row: `tpr`, several rows per block when it is under kThreads.
-inline ffi::Error stats_grid(const StatsArgs& a, int tpr, dim3* grid, dim3* block) {
+inline ffi::Error stats_grid(const NormShape& shape, int tpr, dim3* grid, dim3* block) {
   const int rpb = kThreads / tpr;
-  const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+  const int64_t blocks = (shape.rows + rpb - 1) / rpb;
   if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   *grid = dim3(static_cast<unsigned>(blocks));
   *block = dim3(tpr, rpb);
@@ -130,7 +164,7 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x);
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(stats_grid(a, x_stats_threads(a.shape.hidden / (vec ? kVec : 1), a.shape.rows), &grid, &block));
+  JRN_RETURN_IF_ERROR(stats_grid(a.shape, x_stats_threads(a.shape.hidden / (vec ? kVec : 1), a.shape.rows), &grid, &block));
   if (vec) {
     x_stats<K, T, kVec><<<grid, block, 0, stream>>>(a);
   } else {
@@ -146,7 +180,7 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
                    (!a.gamma || aligned16(a.gamma));
   dim3 grid, block;
   const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
-  JRN_RETURN_IF_ERROR(stats_grid(a, std::min<int64_t>(kThreads, pow2_ceil((nvec + kRowPacks - 1) / kRowPacks)),
+  JRN_RETURN_IF_ERROR(stats_grid(a.shape, std::min<int64_t>(kThreads, pow2_ceil((nvec + kRowPacks - 1) / kRowPacks)),
                                  &grid, &block));
   if (vec) {
     grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
@@ -156,6 +190,27 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
   return check_launch("grad_stats");
 }
 
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
+  if constexpr (K != NormKind::kRms) {
+    return ffi::Error::Internal("jax_rmsnorm: x_amax takes RMSNorm only");
+  } else {
+    constexpr int kVec = 16 / sizeof(T);
+    const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma));
+    dim3 grid, block;
+    const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
+    JRN_RETURN_IF_ERROR(stats_grid(a.shape, x_stats_threads(nvec, a.shape.rows), &grid, &block));
+    if (vec) {
+      x_amax<T, P, kVec><<<grid, block, 0, stream>>>(a);
+    } else {
+      x_amax<T, P, 1><<<grid, block, 0, stream>>>(a);
+    }
+    return check_launch("x_amax");
+  }
+}
+
+#define JRN_INSTANTIATE_AMAX(K, T, P) template ffi::Error launch_fwd_amax<K, T, P>(cudaStream_t, const FwdArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_AMAX)
 #define JRN_INSTANTIATE_GRAD_STATS(K, T, P) \
   template ffi::Error launch_grad_stats<K, T, P>(cudaStream_t, const StatsArgs&);
 JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_GRAD_STATS)
