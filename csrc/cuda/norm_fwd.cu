@@ -1164,7 +1164,10 @@ __global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float u
 // 264.2 -> 250.7, 4096 270.9 -> 262.7, 16384 276.0 -> 254.2, 65536 319.4 ->
 // 272.1, 262144 403.0 -> 323.0 (2^27 elements each). Skipping only the second
 // sweep over the row in fwd_slices' measuring pass (the same product taken
-// with the sums) had left it level: 321.6 -> 319.0 at 65536.
+// with the sums) had left it level: 321.6 -> 319.0 at 65536. For LayerNorm
+// an x_amax with the shifted sums, then y from a second read of the row, was
+// mixed (ln_fp8_current 1024 347.1 -> 332.0 us, 4096 317.7 -> 370.2, 16384
+// 352.6 -> 382.0, 65536 420.2 -> 417.6): it keeps the per-tensor kernel.
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
