@@ -865,13 +865,7 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
     round_as<VEC, T>(false, v);  // h as stored is what is normalized
     store_pack<VEC>(h + p * VEC, v);
     if constexpr (kRowMax) {
-      float sc[VEC];
-      load_scale<VEC>(gamma, p * VEC, a.zero_centered, sc);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        acc[0] += v[j] * v[j];
-        acc[1] = max_abs(acc[1], v[j] * sc[j]);
-      }
+      add_sq_scaled_max<VEC>(acc, v, gamma, p * VEC, a.zero_centered);
     } else {
       add_shifted_sums<M>(acc, v, shift);
     }
@@ -1108,14 +1102,18 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   return check_launch("fwd_stream");
 }
 
+// amax (one float per tensor, if wanted) is merged into atomically: zeroed
+// first, in the stream.
+inline ffi::Error zero_amax(cudaStream_t stream, const FwdArgs& a) {
+  if (a.amax == nullptr) return ffi::Error::Success();
+  cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
+  return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, "cudaMemsetAsync(amax)");
+}
+
 template <NormKind K, Quant Q, class T, class P>
 ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
   if constexpr (Q == Quant::kTensor) {
-    // amax is merged into atomically: zeroed first, in the stream.
-    if (a.amax) {
-      cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
-      if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
-    }
+    JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows == 0) return ffi::Error::Success();
   }
   constexpr int kVec = 16 / sizeof(T);
@@ -1174,8 +1172,7 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   measure.quant = Quant::kTensor;
   measure.no_output = true;
   if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8) {
-    cudaError_t e = cudaMemsetAsync(a.amax, 0, static_cast<size_t>(a.tensors) * sizeof(float), stream);
-    if (e != cudaSuccess) return cuda_error(e, "cudaMemsetAsync(amax)");
+    JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {
     JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, measure)));

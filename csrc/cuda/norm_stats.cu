@@ -113,14 +113,9 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
   float acc[2] = {};  // sum(x^2), max |x * scale|
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
-    float v[VEC], s[VEC];
+    float v[VEC];
     load_pack<VEC>(x + p * VEC, v);
-    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      acc[0] += v[j] * v[j];
-      acc[1] = max_abs(acc[1], v[j] * s[j]);
-    }
+    add_sq_scaled_max<VEC>(acc, v, gamma, p * VEC, a.zero_centered);
   }
   row_sum<2, SumAbsMaxOp, true>(acc, smem);
   if (valid && threadIdx.x == 0) {
