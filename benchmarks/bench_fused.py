@@ -50,7 +50,7 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "rms_fp8_group",
-       "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln",
+       "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln",
        "fp8in_rms_tensor"]
 
 
@@ -96,7 +96,7 @@ def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
     def call(x, r):
         fused = prim.FusedSpec(residual=r is not None, h_dtype=x.dtype if r is not None else None, quant=mode,
                                out_dtype=np.dtype(FP8[fmt]), group_size=group if mode == "group" else 0)
-        q, _, _, h, qs = prim.norm_fwd_fused(
+        q, _, _, h, qs, _ = prim.norm_fwd_fused(
             x, g, b, r, jnp.asarray(scale, jnp.float32), None, kind=kind, eps=1e-6 if kind == "rms" else 1e-5,
             zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer", fused=fused,
             on_hidden_slice="cpu" if jax.default_backend() == "cpu" else "cuda")

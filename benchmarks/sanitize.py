@@ -51,13 +51,15 @@ def fp8_outputs(h):
     """FP8 outputs without a residual (fwd_slices: per tensor from 256 packs a
     row, all of them for rows wider than one CTA): per tensor (also two
     tensors under vmap), current (LayerNorm; RMSNorm, whose measuring pass is
-    x_amax), per row, per group."""
+    x_amax; both with the transposed copy), per row, per group."""
     calls = [
         lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jax.vmap(lambda x: jrn.rms_norm_fp8(x, g, scale=20.0))(x.reshape(2, -1, h))
         if x.shape[0] % 2 == 0 else jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g),  # measured by x_amax
+        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, transpose=True),  # quantize_t where rows % 16 == 0
+        lambda x, r, g: jrn.rms_norm_fp8_current(x, g, transpose=True),
         lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g),
     ]
     return calls + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs)

@@ -30,7 +30,7 @@
       d["jrn_layer_norm_fwd_fused"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormFwdFused)); \
       d["jrn_rms_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormBwdAdd)); \
       d["jrn_layer_norm_bwd_add"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwdAdd)); \
-      d["jrn_fp8_transpose"] = nb::capsule(reinterpret_cast<void*>(PREFIX##Fp8Transpose)); \
       return d;                                                                         \
     });                                                                                 \
   }
+

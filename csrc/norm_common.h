@@ -150,6 +150,7 @@ struct FwdArgs {
   const float* scale = nullptr;  // kTensor: q = y * scale[t], one per tensor t
   float* amax = nullptr;         // kTensor: max |y| of tensor t (zeroed before the kernel)
                                  // kCurrent: the scale_inv output
+  void* qt = nullptr;            // kCurrent: q transposed, (tensors, hidden, rows per tensor); null: not wanted
   bool scale_inverted = false;   // kTensor: q = y / scale[t] (CUDA: current scaling's 2nd pass)
   bool no_output = false;        // kTensor: amax only, y and h not written (CUDA: its 1st pass)
   int64_t tensors = 0;           // kTensor: x's rows split evenly into tensors (vmap)

@@ -52,7 +52,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                    const ffi::AnyBuffer* beta, const ffi::AnyBuffer& residual,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& x_scale,
                                    ffi::AnyBuffer& y, ffi::AnyBuffer* mean, ffi::AnyBuffer& rstd,
-                                   ffi::AnyBuffer& h, ffi::AnyBuffer& qs, float eps, bool zero_centered,
+                                   ffi::AnyBuffer& h, ffi::AnyBuffer& qs, ffi::AnyBuffer* qt, float eps,
+                                   bool zero_centered,
                                    bool has_gamma, bool has_beta, bool has_residual, int32_t quant,
                                    int64_t group_size, float scale_ub, int64_t x_group_size, FwdArgs* a) {
   if (quant < 0 || quant > static_cast<int32_t>(Quant::kCurrent))
@@ -139,26 +140,19 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
     a->qscale = static_cast<float*>(qs.untyped_data());
     a->group_size = group_size;
   }
-  return ffi::Error::Success();
-}
-
-// An FP8 array (..., rows, cols) and its transpose (..., cols, rows): the
-// leading dimensions are a batch.
-// dims: batch, rows, cols.
-inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer& qt, int64_t* dims) {
-  int64_t *batch = dims, *rows = dims + 1, *cols = dims + 2;
-  auto d = q.dimensions();
-  auto dt = qt.dimensions();
-  if (d.size() < 2 || dt.size() != d.size())
-    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose needs rank >= 2");
-  const auto t = q.element_type();
-  if ((t != ffi::DataType::F8E4M3FN && t != ffi::DataType::F8E5M2) || qt.element_type() != t)
-    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose takes FP8 arrays of one dtype");
-  *rows = d[d.size() - 2];
-  *cols = d[d.size() - 1];
-  if (dt[dt.size() - 2] != *cols || dt[dt.size() - 1] != *rows || qt.element_count() != q.element_count())
-    return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose's output must be (..., cols, rows)");
-  *batch = *rows * *cols > 0 ? static_cast<int64_t>(q.element_count()) / (*rows * *cols) : 0;
+  // kCurrent's transposed copy: null or empty (not wanted), or q's bytes as
+  // (tensors, hidden, rows per tensor).
+  if (qt && qt->element_count() != 0) {
+    if (a->quant != Quant::kCurrent || static_cast<int64_t>(qt->element_count()) != n ||
+        qt->element_type() != y.element_type())
+      return ffi::Error::InvalidArgument(
+          "jax_rmsnorm: q_t must be empty, or (current scaling) q's size and FP8 dtype");
+    auto d = qt->dimensions();
+    const int64_t rows = a->rows_per_tensor();
+    if (d.size() < 2 || d[d.size() - 2] != a->shape.hidden || d[d.size() - 1] != rows)
+      return ffi::Error::InvalidArgument("jax_rmsnorm: q_t must be (..., hidden, rows of a tensor)");
+    a->qt = qt->untyped_data();
+  }
   return ffi::Error::Success();
 }
 
@@ -167,12 +161,12 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
 // Forward: (x, gamma, [beta,] residual, scale, x_scale) -> (y, [mean,] rstd, h,
-// qs), the absent ones empty placeholders. qs is amax (kTensor), the row
-// scales (kRow), the group scales (kGroup) or scale_inv (kCurrent). x_scale
+// qs, qt), the absent ones empty placeholders. qs is amax (kTensor), the row
+// scales (kRow), the group scales (kGroup) or scale_inv (kCurrent); qt is
+// kCurrent's transposed copy of y, (tensors, hidden, rows per tensor). x_scale
 // (with x_group_size > 0) dequantizes an FP8 x, one scale per group of
 // columns; y is then in the kernel's element type. Backward: the plain
-// backward's operands plus dh, added to dx. Fp8Transpose: q (..., rows, cols)
-// -> q_t (..., cols, rows), bytes moved as they are.
+// backward's operands plus dh, added to dx.
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
   namespace jrn_fused_##PREFIX {                                                                \
   using namespace ::jrn;                                                                        \
@@ -180,12 +174,13 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
   template <NormKind K>                                                                         \
   ::xla::ffi::Error Fwd(CTX_DECL AnyBuffer x, AnyBuffer gamma, const AnyBuffer* beta,           \
                         AnyBuffer residual, AnyBuffer scale, AnyBuffer xs, AnyBuffer y,         \
-                        AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs, float eps,  \
+                        AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs,             \
+                        AnyBuffer qt, float eps,                                                \
                         bool zc, bool has_gamma, bool has_beta, bool has_residual,              \
                         int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {   \
     FwdArgs a;                                                                                  \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, xs, y, mean, rstd, h, qs, \
-                                  eps, zc, has_gamma, has_beta, has_residual, quant,            \
+                                  &qt, eps, zc, has_gamma, has_beta, has_residual, quant,            \
                                   group_size, scale_ub, x_group, &a);                           \
         e.failure())                                                                            \
       return e;                                                                                 \
@@ -202,15 +197,16 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer r,    \
          ::xla::ffi::AnyBuffer s, ::xla::ffi::AnyBuffer xs, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, float eps, bool zc, bool has_gamma,       \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt, \
+         float eps, bool zc, bool has_gamma,                                                    \
          bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) { \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,  \
-                                                              nullptr, *rstd, *h, *qs, eps, zc, \
+                                                              nullptr, *rstd, *h, *qs, *qt, eps, zc, \
                                                               has_gamma, false, has_residual,   \
                                                               quant, group_size, scale_ub,      \
                                                               x_group);                         \
       },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 4)                                                                   \
+      JRN_BUFFERS(BIND, 5, 5)                                                                   \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
@@ -227,13 +223,14 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,                                           \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> mean, ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, \
          ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt,                                          \
          float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,   \
          int64_t group_size, float scale_ub, int64_t x_group) {                                 \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                \
-            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, eps, zc, has_gamma, has_beta,   \
+            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta,   \
             has_residual, quant, group_size, scale_ub, x_group);                                \
       },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 5)                                                                   \
+      JRN_BUFFERS(BIND, 6, 6)                                                                   \
           .Attr<float>("eps")                                                                   \
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
@@ -275,14 +272,4 @@ inline ffi::Error decode_transpose(const ffi::AnyBuffer& q, const ffi::AnyBuffer
           .Attr<bool>("zero_centered_gamma")                                                    \
           .Attr<bool>("has_gamma")                                                              \
           .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##Fp8Transpose,                                                                     \
-      [](CTX_DECL ::xla::ffi::AnyBuffer q, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt) {      \
-        int64_t dims[3] = {};  /* batch, rows, cols */                                          \
-        if (auto e = ::jrn::decode_transpose(q, *qt, dims); e.failure()) return e;              \
-        if (dims[0] * dims[1] * dims[2] == 0) return ::xla::ffi::Error::Success();              \
-        return BACKEND::transpose8(CTX q.untyped_data(), qt->untyped_data(), dims[0], dims[1], dims[2]); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 1, 1),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible})

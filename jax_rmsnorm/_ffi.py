@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - depends on the build
 
 TARGETS = tuple(f"jrn_{kind}_norm_{op}" for kind in ("rms", "layer")
                 for op in ("fwd", "bwd", "stats", "grad_stats", "apply", "apply_fp8", "bwd_given",
-                           "fwd_fused", "bwd_add", "bwd_given_add")) + ("jrn_fp8_transpose",)
+                           "fwd_fused", "bwd_add", "bwd_given_add"))
 
 for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 
 from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
     _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _sliced_forward, _sum_to_primal_vma
-from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, fp8_transpose, kernel_param, \
-    norm_fwd_fused, residual_sum
+from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused, \
+    residual_sum
 
 Array = jax.Array
 
@@ -185,13 +185,13 @@ class _FusedConfig:
 
 
 def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
-    """(y or q, mean, rstd, h, qs) from one forward kernel (with ``cfg.axes``:
+    """(y or q, mean, rstd, h, qs, qt) from one forward kernel (with ``cfg.axes``:
     ``h``, then the norm of a slice of the hidden dim)."""
     spec, norm = cfg.spec, cfg.norm
     if cfg.axes:
         h = residual_sum(x, residual, spec.h_dtype)
         y, mean, rstd = _sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes)
-        return y.astype(x.dtype), mean, rstd, h, None
+        return y.astype(x.dtype), mean, rstd, h, None, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
         y = jnp.zeros(x.shape, spec.out_dtype or x.dtype)
@@ -205,7 +205,8 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
             qs = stat
         elif spec.quant == "group":
             qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), jnp.float32)
-        return y, (stat if norm.kind == LAYER else None), stat, h, qs
+        qt = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), y.dtype) if spec.transpose else None
+        return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt
     typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
     ph = _placeholder(_param_dtype(typed, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
@@ -215,23 +216,23 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
 
 @partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _fused(x, residual, gamma, beta, scale, x_scale, cfg):
-    y, _, _, h, qs = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
-    return y, h, qs
+    y, _, _, h, qs, qt = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
+    return y, h, qs, qt
 
 
 def _fused_fwd(x, residual, gamma, beta, scale, x_scale, cfg):
-    y, mean, rstd, h, qs = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
+    y, mean, rstd, h, qs, qt = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
     # The backward reads the normalized input: h with a residual, else x
     # (dequantized there if FP8; the FP8 x is kept for its own cotangents).
     saved = h if cfg.spec.residual else x
     fp8_x = x if cfg.spec.x_group_size else None
-    return (y, h, qs), (saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale)
+    return (y, h, qs, qt), (saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale)
 
 
 def _fused_bwd(cfg, res, cts):
     saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale = res
     x_dtype, r_dtype = cfg.x_dtype, cfg.r_dtype
-    ct_y, ct_h, _ = cts  # amax / scales: no gradient
+    ct_y, ct_h, _, ct_qt = cts  # amax / scales: no gradient
     norm = cfg.norm
     group = cfg.spec.x_group_size
     if group and not cfg.spec.residual:
@@ -244,8 +245,11 @@ def _fused_bwd(cfg, res, cts):
         dq, dxs = _fp8_input_grads(dx, fp8_x, x_scale, group)
         return _sum_to_primal_vma(dq, fp8_x), _sum_to_primal_vma(dxs, x_scale)
 
-    # Straight-through for FP8 output: q's cotangent taken in the input's dtype.
+    # Straight-through for FP8 output: q's cotangent taken in the input's dtype;
+    # q_t's (hidden, rows) is q's transposed, so its cotangent adds to q's.
     dy = ct_y.astype(saved.dtype)
+    if cfg.spec.transpose:
+        dy = dy + jnp.swapaxes(ct_qt, -1, -2).reshape(dy.shape).astype(dy.dtype)
     d_scale = None if scale is None else jnp.zeros_like(scale)
     if not cfg.spec.residual:
         dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, gamma, beta, norm)
@@ -270,14 +274,17 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
          out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None,
-         axis_name=None):
-    """Checks the arguments, then returns (y or q, h or None, qs or None).
+         axis_name=None, transpose=False):
+    """Checks the arguments, then returns (y or q, h or None, qs or None, qt or None).
 
     ``x_scale``/``x_group_size``/``dtype``: an FP8 ``x``'s scales, the columns
     per scale (None: one scale for the tensor), and the output dtype.
     ``axis_name``: inside shard_map, the mesh axes splitting the hidden dim
-    (residual add + norm of a float ``x`` only)."""
-    spec = dict(quant=quant)
+    (residual add + norm of a float ``x`` only). ``transpose``: current
+    scaling's transposed copy of q too."""
+    if not isinstance(transpose, bool):
+        raise TypeError(f"transpose must be a bool, got {type(transpose).__name__}")
+    spec = dict(quant=quant, transpose=transpose)
     if is_fp8(x):
         if axis_name is not None:
             raise NotImplementedError("axis_name is not supported with an FP8 x yet")
@@ -314,25 +321,9 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
 
 
 def _with_h(outs, residual):
-    q, h, qs = outs
-    return (q, qs) if residual is None else (q, qs, h)
-
-
-@jax.custom_vjp
-def _transposed(q2):
-    """(rows, hidden) -> (hidden, rows) by the transpose kernel."""
-    return fp8_transpose(q2) if q2.size else jnp.swapaxes(q2, -1, -2)
-
-
-def _transposed_fwd(q2):
-    return _transposed(q2), None
-
-
-def _transposed_bwd(_, ct):
-    return (jnp.swapaxes(ct, -1, -2),)
-
-
-_transposed.defvjp(_transposed_fwd, _transposed_bwd)
+    """The public results: (q, qs), then h with a residual, then q_t if made."""
+    q, h, qs, qt = outs
+    return (q, qs) + (() if residual is None else (h,)) + (() if qt is None else (qt,))
 
 
 # ---------------------------------------------------------------------------
@@ -370,7 +361,7 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       adds the cotangent of ``h`` to the norm's ``dx``; that sum is the gradient
       of both ``x`` and ``residual`` (each in its own dtype).
     """
-    y, h, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+    y, h, _, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
                    h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
@@ -383,7 +374,7 @@ def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, bet
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
     gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
-    y, h, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+    y, h, _, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                    h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
@@ -455,7 +446,10 @@ def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=j
     Args:
       transpose: also return ``q_t = q.reshape(-1, hidden).T``, shape
         ``(hidden, rows)`` (``rows = prod(x.shape[:-1])``), for the next
-        matmul's backward; written by a tiled transpose kernel from ``q``.
+        matmul's backward. On the GPU the quantizing pass writes it with
+        ``q`` from the same read of ``x`` where hidden and rows are multiples
+        of 16 and there is no residual; otherwise a tiled transpose of ``q``
+        follows that pass. Its cotangent is added to ``q``'s (transposed).
 
     Returns:
       ``(q, scale_inv)``, then ``h`` with ``residual``, then ``q_t`` with
@@ -463,8 +457,8 @@ def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=j
       example).
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
-    return _with_t(_with_h(outs, residual), transpose)
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype, transpose=transpose)
+    return _with_h(outs, residual)
 
 
 def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
@@ -472,17 +466,8 @@ def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Option
                            residual: Optional[Array] = None, h_dtype=None, transpose: bool = False):
     """LayerNorm with FP8 output, per-tensor current scaling: as :func:`rms_norm_fp8_current`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="current", out_dtype=out_dtype)
-    return _with_t(_with_h(outs, residual), transpose)
-
-
-def _with_t(outs, transpose):
-    if not isinstance(transpose, bool):
-        raise TypeError(f"transpose must be a bool, got {type(transpose).__name__}")
-    if not transpose:
-        return outs
-    q = outs[0]
-    return (*outs, _transposed(q.reshape(-1, q.shape[-1])))
+                h_dtype=h_dtype, quant="current", out_dtype=out_dtype, transpose=transpose)
+    return _with_h(outs, residual)
 
 
 def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: Optional[float] = None,

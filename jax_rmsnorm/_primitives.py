@@ -171,7 +171,7 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 
 # The fused forward: the forward primitive with ``fused`` set (a FusedSpec).
 #
-# (x, gamma[, beta], residual, scale, x_scale) -> (y[, mean], rstd, h, qs)
+# (x, gamma[, beta], residual, scale, x_scale) -> (y[, mean], rstd, h, qs, qt)
 #
 # With ``x_group_size``: x is FP8, dequantized in the kernel as x * x_scale
 # (x_scale: ``x.shape[:-1] + (hidden // x_group_size,)``, float32), and y is in
@@ -179,8 +179,10 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 # With ``quant``: y is FP8 (out_dtype); qs is amax (quant "tensor": one per
 # tensor, shaped like ``scale``), the row scales (``x.shape[:-1]``), the group
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
-# "current": shaped like ``scale``, whose values are not read). Absent operands and
-# outputs are empty placeholders: residual/h of shape (0,), scale/x_scale/qs (0,) float32.
+# "current": shaped like ``scale``, whose values are not read). With ``transpose``
+# (quant "current"): qt, y's bytes transposed per tensor, ``scale.shape + (hidden,
+# rows per tensor)``, written by the same kernels. Absent operands and outputs
+# are empty placeholders: residual/h of shape (0,), scale/x_scale/qs/qt (0,) float32.
 
 QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
 
@@ -194,11 +196,12 @@ class FusedSpec:
     x_group_size: int = 0  # > 0: x is FP8 with one scale per group of this many columns
     group_size: int = 0  # quant "group"
     scale_ub: float = math.inf  # quant "row"/"group"
+    transpose: bool = False  # quant "current": also the transposed copy qt
 
 
 def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_centered_gamma, has_gamma,
                    has_beta, fused: FusedSpec, on_hidden_slice: Optional[str] = None):
-    """Binds the fused forward; returns ``(y, mean, rstd, h, qs)`` (None where absent).
+    """Binds the fused forward; returns ``(y, mean, rstd, h, qs, qt)`` (None where absent).
 
     ``on_hidden_slice`` (a platform, "cpu" or "cuda"): instead of binding,
     run what each device runs when the hidden dim is split across devices,
@@ -219,11 +222,12 @@ def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_
     else:
         outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, **params)
     if kind == RMS:
-        y, rstd, h, qs = outs
+        y, rstd, h, qs, qt = outs
         mean = None
     else:
-        y, mean, rstd, h, qs = outs
-    return y, mean, rstd, (h if fused.residual else None), (qs if fused.quant else None)
+        y, mean, rstd, h, qs, qt = outs
+    return (y, mean, rstd, (h if fused.residual else None), (qs if fused.quant else None),
+            (qt if fused.transpose else None))
 
 
 def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
@@ -232,7 +236,8 @@ def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     if fused is not None:
         h = X if fused.residual else E
         qs = {None: E, "tensor": S, "current": S, "row": R, "group": G}[fused.quant]
-        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs]
+        # qt: current scaling runs whole tensors (never split), like a placeholder.
+        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs, E]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
 
@@ -262,6 +267,11 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
                           dtype=np.float32, rows=x.ndim - 1))
     else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
+    if fused.transpose:  # a tensor's rows per scale
+        rows = x.size // x.shape[-1] // max(math.prod(scale.shape), 1)
+        outs.append(_like(x, vma, shape=scale.shape + (x.shape[-1], rows), dtype=fused.out_dtype, rows=0))
+    else:
+        outs.append(_like(scale, vma, shape=(0,)))
     return outs
 
 
@@ -358,7 +368,7 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
     h = residual_sum(x, residual, st.fused.h_dtype)
     y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params))
-    return [y.astype(x.dtype), *stats, h, placeholder]
+    return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32)]
 
 
 # The smallest per-row / per-group FP8 scale (all-zero rows quantize to zeros).
@@ -414,7 +424,7 @@ def _fwd_quant_sharded(st, axes, hidden, x, *rest):
         qs = jnp.maximum(jnp.minimum(pmax(row_max) / np.float32(fmax), np.float32(fused.scale_ub)),
                          np.float32(MIN_QUANT_SCALE))
         q, _ = _apply_fp8(st, h, params, stats, qs, "tensor", inverted=True)
-    return [q, *stats, h if fused.residual else residual, qs]
+    return [q, *stats, h if fused.residual else residual, qs, _placeholder(np.float32)]
 
 
 def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
@@ -438,7 +448,8 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
     outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, kind=kind, has_gamma=has_gamma,
                            has_beta=has_beta, fused=fused, **params)
     n_stats = 1 if kind == RMS else 2
-    out_dims = [0] * (1 + n_stats) + [0 if fused.residual else None, 0 if fused.quant else None]
+    out_dims = [0] * (1 + n_stats) + [0 if fused.residual else None, 0 if fused.quant else None,
+                                      0 if fused.transpose else None]
     return outs, out_dims
 
 
@@ -857,31 +868,3 @@ def _register(prim, family, abstract, batch):
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)
 _register(norm_bwd_p, "bwd", _bwd_abstract, _bwd_batch)
 _register(norm_stats_p, "stats", _stats_abstract, _stats_batch)
-
-
-# ---------------------------------------------------------------------------
-# FP8 transpose: (..., rows, cols) -> (..., cols, rows), for current scaling's
-# transposed copy. Not partitioned: current scaling already runs whole tensors.
-
-fp8_transpose_p = Primitive("jax_rmsnorm_fp8_transpose")
-
-
-def fp8_transpose(q):
-    return fp8_transpose_p.bind(q)
-
-
-def _transpose_abstract(q):
-    return _like(q, _vma(q), shape=q.shape[:-2] + (q.shape[-1], q.shape[-2]), rows=q.ndim - 2)
-
-
-def _transpose_batch(args, dims):
-    (q,), (bq,) = args, dims
-    return fp8_transpose_p.bind(batching.bdim_at_front(q, bq, q.shape[bq])), 0
-
-
-fp8_transpose_p.def_impl(lambda q: jax.jit(fp8_transpose_p.bind)(q))
-fp8_transpose_p.def_abstract_eval(_transpose_abstract)
-batching.primitive_batchers[fp8_transpose_p] = _transpose_batch
-mlir.register_lowering(fp8_transpose_p, jax.ffi.ffi_lowering("jrn_fp8_transpose"), platform="cpu")
-mlir.register_lowering(fp8_transpose_p, jax.ffi.ffi_lowering("jrn_fp8_transpose") if _ffi.cuda_built()
-                       else _no_cuda_lowering, platform="cuda")

@@ -216,27 +216,25 @@ void for_row_chunks(ffi::ThreadPool& pool, int64_t rows, int64_t hidden, const B
              [&](int64_t, int64_t r0, int64_t r1) { body(r0, r1); });
 }
 
-struct CpuBackend {
-  using Bf16 = bf16_t;
-  using F16 = f16_t;
-
-  // out[b, c, r] = in[b, r, c] for bytes, in tiles of 64 x 64.
-  static ffi::Error transpose8(ffi::ThreadPool&, const void* in, void* out, int64_t batch, int64_t rows,
-                               int64_t cols) {
-    constexpr int64_t kTile = 64;
-    const uint8_t* src = static_cast<const uint8_t*>(in);
-    uint8_t* dst = static_cast<uint8_t*>(out);
-    for (int64_t b = 0; b < batch; ++b, src += rows * cols, dst += rows * cols) {
-      for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-          for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
-            for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
-          }
+// out[b, c, r] = in[b, r, c] for bytes (current scaling's q_t), in tiles of 64 x 64.
+void transpose_bytes(const void* in, void* out, int64_t batch, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 64;
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  for (int64_t b = 0; b < batch; ++b, src += rows * cols, dst += rows * cols) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r) {
+          for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c) dst[c * rows + r] = src[r * cols + c];
         }
       }
     }
-    return ffi::Error::Success();
   }
+}
+
+struct CpuBackend {
+  using Bf16 = bf16_t;
+  using F16 = f16_t;
 
   template <NormKind K, class T, class P>
   static ffi::Error fwd(ffi::ThreadPool& pool, const FwdArgs& a) {
@@ -293,6 +291,7 @@ struct CpuBackend {
       if (t >= 0) a.amax[t] = finish(run);
     }
     if (current) pass(true);
+    if (current && a.qt) transpose_bytes(a.y, a.qt, a.tensors, a.rows_per_tensor(), H);
     return ffi::Error::Success();
   }
 

@@ -1,5 +1,7 @@
 // The FP8 transpose: out[b, c, r] = in[b, r, c] for bytes, the transposed copy
-// q_t that current scaling returns for the next matmul's backward.
+// q_t that current scaling returns for the next matmul's backward; and
+// quantize_t, current scaling's quantizing pass writing q and q_t together
+// through transpose16's tiles (below).
 //
 // transpose16: rows and columns multiples of 16 (the shapes of LLM
 // activations). A CTA moves a tile of 128 x 128 bytes: 16-byte loads of the
@@ -32,45 +34,146 @@ __device__ __forceinline__ void transpose4x4(uint32_t w0, uint32_t w1, uint32_t 
   o[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
+// A tile of 128 x 128 bytes: [row][16-byte piece], pieces swizzled by (row / 16) % 8.
+using Tile = uint4[kVT][kWords / 4];
+
+__device__ __forceinline__ uint4& tile_piece(Tile& tile, int r, int piece) { return tile[r][piece ^ ((r >> 4) & 7)]; }
+
+// The tile (rows r0.., columns c0.. of a rows x cols byte matrix) written
+// transposed to `out` (cols x rows), by thread t of kVThreads.
+__device__ __forceinline__ void store_transposed(const Tile& tile, uint8_t* out, int64_t rows, int64_t cols,
+                                                 int64_t r0, int64_t c0, int t) {
+  // Word column w (columns 4w..4w+3 of the tile), rows 16 rb..16 rb + 15.
+  const int rb = t & 7, w = (t >> 5) * 4 + ((t >> 3) & 3);
+  const int64_t gc = c0 + 4 * w, gr = r0 + 16 * rb;
+  if (gc >= cols || gr >= rows) return;  // both multiples of 16: a block is all in or all out
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
+  uint32_t x[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int r = 16 * rb + j;
+    x[j] = words[r * kWords + (((w >> 2) ^ rb) << 2) + (w & 3)];
+  }
+  uint32_t o[4][4];  // [column b][word k]: rows 4k..4k+3 of column 4w + b
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t p[4];
+    transpose4x4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3], p);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) o[b][k] = p[b];
+  }
+#pragma unroll
+  for (int b = 0; b < 4; ++b) store_words<4>(out + (gc + b) * rows + gr, o[b]);
+}
+
 __global__ void __launch_bounds__(kVThreads) transpose16(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
-  __shared__ uint4 tile[kVT][kWords / 4];  // [row][16-byte piece], pieces swizzled by (row / 16) % 8
+  __shared__ Tile tile;
   const int64_t off = static_cast<int64_t>(blockIdx.z) * rows * cols;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVT;
   const int t = static_cast<int>(threadIdx.x);
-  // Output side: word column w (columns 4w..4w+3 of the tile), rows 16 rb..16 rb + 15.
-  const int rb = t & 7, w = (t >> 5) * 4 + ((t >> 3) & 3);
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVT; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kVT) {
 #pragma unroll
     for (int i = 0; i < kVT * kVT / 16 / kVThreads; ++i) {
       const int v = i * kVThreads + t, r = v / (kVT / 16), piece = v % (kVT / 16);
       const int64_t gr = r0 + r, gc = c0 + piece * 16;
-      if (gr < rows && gc < cols)
-        tile[r][piece ^ ((r >> 4) & 7)] = *reinterpret_cast<const uint4*>(in + off + gr * cols + gc);
+      if (gr < rows && gc < cols) tile_piece(tile, r, piece) = *reinterpret_cast<const uint4*>(in + off + gr * cols + gc);
     }
     __syncthreads();
-    const int64_t gc = c0 + 4 * w, gr = r0 + 16 * rb;
-    if (gc < cols && gr < rows) {  // both multiples of 16: a block is all in or all out
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
-      uint32_t x[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int r = 16 * rb + j;
-        x[j] = words[r * kWords + (((w >> 2) ^ rb) << 2) + (w & 3)];
-      }
-      uint32_t o[4][4];  // [column b][word k]: rows 4k..4k+3 of column 4w + b
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t p[4];
-        transpose4x4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3], p);
-#pragma unroll
-        for (int b = 0; b < 4; ++b) o[b][k] = p[b];
-      }
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-        *reinterpret_cast<uint4*>(out + off + (gc + b) * rows + gr) = make_uint4(o[b][0], o[b][1], o[b][2], o[b][3]);
-    }
+    store_transposed(tile, out + off, rows, cols, r0, c0, t);
     __syncthreads();  // the tile is rewritten next
   }
+}
+
+// Current scaling's quantizing pass with the transposed copy, on the
+// statistics its measuring pass wrote (a.mean, a.rstd) and scale_inv in
+// a.amax: q = saturate(y / scale_inv[t]) row-major into a.y and, through the
+// tile, transposed into a.qt, for each tensor t (blockIdx.z) of
+// rows_per_tensor() rows. x is read once and q's bytes are not read back, as
+// they are when the transpose runs after the quantizing pass. Thread t holds
+// 16 columns of the tile (piece t % 8) in 4 of its rows, loaded together;
+// hidden and the rows of a tensor are multiples of 16.
+template <NormKind K, class T, class P>
+__global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_t(FwdArgs a) {
+  __shared__ Tile tile;
+  // The tile's columns' scale (gamma, 1 + gamma or 1) and shift (beta or 0),
+  // read from here by each row: held in registers they cost a CTA an SM.
+  __shared__ float scale_of[kVT], shift_of[kVT];
+  constexpr int kRowsPerPass = kVThreads / (kVT / 16), kRowsEach = kVT / kRowsPerPass;
+  const int64_t H = a.shape.hidden, rows = a.rows_per_tensor();
+  const int64_t tensor = blockIdx.z, c0 = static_cast<int64_t>(blockIdx.x) * kVT;
+  const int t = static_cast<int>(threadIdx.x), piece = t % (kVT / 16), r_first = t / (kVT / 16);
+  const int64_t col = c0 + 16 * piece;
+  const bool col_in = col < H;
+  const float mul = 1.f / a.amax[tensor];
+  const int64_t base = tensor * rows * H;
+  const T* x = static_cast<const T*>(a.x) + base;
+  uint8_t* q = static_cast<uint8_t*>(a.y) + base;
+  if (t < kVT) {
+    const int64_t poff = a.shape.param_offset(tensor * rows);  // a tensor's rows share their parameters
+    const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+    const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+    float sc[1] = {1.f}, sh = 0.f;
+    if (c0 + t < H) {
+      load_scale<1>(gamma, c0 + t, a.zero_centered, sc);
+      if (beta) sh = to_float(beta[c0 + t]);
+    }
+    scale_of[t] = sc[0];
+    shift_of[t] = sh;
+  }
+  __syncthreads();
+  const float* mean_of = K == NormKind::kLayer ? a.mean + tensor * rows : nullptr;
+  const float* rstd_of = a.rstd + tensor * rows;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVT; r0 < rows; r0 += static_cast<int64_t>(gridDim.y) * kVT) {
+    // The rows' x as loaded (widened one row at a time, below): all in flight together.
+    Pack<T, 16> raw[kRowsEach];
+    bool in[kRowsEach];
+#pragma unroll
+    for (int i = 0; i < kRowsEach; ++i) {
+      const int64_t gr = r0 + r_first + i * kRowsPerPass;
+      in[i] = col_in && gr < rows;
+      if (in[i]) {
+#pragma unroll
+        for (int c = 0; c < static_cast<int>(sizeof(raw[i])) / 16; ++c)
+          reinterpret_cast<uint4*>(&raw[i])[c] = __ldg(reinterpret_cast<const uint4*>(x + gr * H + col) + c);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsEach; ++i) {
+      if (!in[i]) continue;
+      const int r = r_first + i * kRowsPerPass;
+      const float mean = K == NormKind::kLayer ? mean_of[r0 + r] : 0.f, rstd = rstd_of[r0 + r];
+      float v[16];
+      unpack(raw[i], v);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        v[j] = (v[j] - mean) * rstd * scale_of[16 * piece + j];
+        if constexpr (K == NormKind::kLayer) v[j] += shift_of[16 * piece + j];
+        v[j] *= mul;
+      }
+      uint32_t w[4];
+      if (a.fp8 == Fp8::kE4M3) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = fp8x4<__NV_E4M3>(v + 4 * k);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = fp8x4<__NV_E5M2>(v + 4 * k);
+      }
+      store_words<4>(q + (r0 + r) * H + col, w);
+      tile_piece(tile, r, piece) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads();
+    store_transposed(tile, static_cast<uint8_t*>(a.qt) + base, rows, H, r0, c0, t);
+    __syncthreads();  // the tile is rewritten next
+  }
+}
+
+// Tiles of a batch of rows x cols matrices: (column tiles, row tiles, batch).
+inline ffi::Error tile_grid(int64_t batch, int64_t rows, int64_t cols, int tile, dim3* grid) {
+  const int64_t tiles_c = (cols + tile - 1) / tile, tiles_r = (rows + tile - 1) / tile;
+  if (batch > 65535 || tiles_c > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
+  *grid = dim3(static_cast<unsigned>(tiles_c), static_cast<unsigned>(std::min<int64_t>(tiles_r, 65535)),
+               static_cast<unsigned>(batch));
+  return ffi::Error::Success();
 }
 
 constexpr int kTile = 32, kTileRows = 8;
@@ -99,15 +202,11 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
                              int64_t cols) {
-  if (batch > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   const bool vec = rows % 16 == 0 && cols % 16 == 0 && aligned16(in) && aligned16(out);
-  const int tile = vec ? kVT : kTile;
-  const int64_t tiles_c = (cols + tile - 1) / tile, tiles_r = (rows + tile - 1) / tile;
-  if (tiles_c > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
-  const dim3 grid(static_cast<unsigned>(tiles_c), static_cast<unsigned>(std::min<int64_t>(tiles_r, 65535)),
-                  static_cast<unsigned>(batch));
+  dim3 grid;
+  JRN_RETURN_IF_ERROR(tile_grid(batch, rows, cols, vec ? kVT : kTile, &grid));
   if (vec) {
     transpose16<<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
     return check_launch("transpose16");
@@ -115,5 +214,22 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
   transpose1<<<grid, dim3(kTile, kTileRows), 0, stream>>>(src, dst, rows, cols);
   return check_launch("transpose1");
 }
+
+bool quantize_t_fits(const FwdArgs& a) {
+  const bool params_aligned = (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
+  return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && a.rows_per_tensor() % 16 == 0 &&
+         aligned16(a.x) && aligned16(a.y) && aligned16(a.qt) && params_aligned;
+}
+
+template <NormKind K, class T, class P>
+ffi::Error launch_quantize_t(cudaStream_t stream, const FwdArgs& a) {
+  dim3 grid;
+  JRN_RETURN_IF_ERROR(tile_grid(a.tensors, a.rows_per_tensor(), a.shape.hidden, kVT, &grid));
+  quantize_t<K, T, P><<<grid, kVThreads, 0, stream>>>(a);
+  return check_launch("quantize_t");
+}
+
+#define JRN_INSTANTIATE_QUANTIZE_T(K, T, P) template ffi::Error launch_quantize_t<K, T, P>(cudaStream_t, const FwdArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_QUANTIZE_T)
 
 }  // namespace jrn::cuda

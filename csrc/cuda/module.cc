@@ -31,10 +31,6 @@ struct CudaBackend {
   static ffi::Error grad_stats(cudaStream_t stream, const StatsArgs& a) {
     return cuda::launch_grad_stats<K, T, P>(stream, a);
   }
-  static ffi::Error transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
-                               int64_t cols) {
-    return cuda::launch_transpose8(stream, in, out, batch, rows, cols);
-  }
 };
 
 }  // namespace jrn

@@ -1153,7 +1153,9 @@ __global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float u
 
 // Current scaling, in three launches on the stream: the per-tensor pass with
 // no output but amax (and the statistics), amax turned into scale_inv, then
-// the per-tensor pass again with q = y / scale_inv, h written.
+// the per-tensor pass again with q = y / scale_inv, h written. The
+// transposed copy q_t (a.qt) is written by that last pass where
+// quantize_t_fits (fp8_transpose.cu), else by a transpose of q after it.
 //
 // RMSNorm without a residual, given statistics or FP8 input measures with
 // x_amax (norm_stats.cu): a read-only kernel with one reduction a row, where
@@ -1181,12 +1183,17 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   amax_to_scale_inv<<<blocks, 256, 0, stream>>>(a.amax, a.tensors, a.fp8, a.scale_ub);
   JRN_RETURN_IF_ERROR(check_launch("amax_to_scale_inv"));
   if (a.shape.rows == 0) return ffi::Error::Success();
+  // With the transposed copy: q and q_t from one read of x, with the
+  // statistics the measuring pass wrote; elsewhere q, then q_t from q.
+  if (a.qt && quantize_t_fits(a)) return launch_quantize_t<K, T, P>(stream, a);
   FwdArgs quantize = a;
   quantize.quant = Quant::kTensor;
   quantize.scale = a.amax;
   quantize.scale_inverted = true;
   quantize.amax = nullptr;
-  return launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize);
+  JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize)));
+  if (!a.qt) return ffi::Error::Success();
+  return launch_transpose8(stream, a.y, a.qt, a.tensors, a.rows_per_tensor(), a.shape.hidden);
 }
 
 }  // namespace
