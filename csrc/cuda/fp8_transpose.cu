@@ -1,7 +1,7 @@
 // The FP8 transpose: out[b, c, r] = in[b, r, c] for bytes, the transposed copy
 // q_t that current scaling returns for the next matmul's backward; and
-// quantize_t, current scaling's quantizing pass writing q and q_t together
-// through transpose16's tiles (below).
+// quantize_tiles, current scaling's quantizing pass, which writes q and q_t
+// together through transpose16's tiles (below).
 //
 // transpose16: rows and columns multiples of 16 (the shapes of LLM
 // activations). A CTA moves a tile of 128 x 128 bytes: 16-byte loads of the
@@ -84,16 +84,16 @@ __global__ void __launch_bounds__(kVThreads) transpose16(const uint8_t* in, uint
   }
 }
 
-// Current scaling's quantizing pass with the transposed copy, on the
-// statistics its measuring pass wrote (a.mean, a.rstd) and scale_inv in
-// a.amax: q = saturate(y / scale_inv[t]) row-major into a.y and, through the
-// tile, transposed into a.qt, for each tensor t (blockIdx.z) of
-// rows_per_tensor() rows. x is read once and q's bytes are not read back, as
-// they are when the transpose runs after the quantizing pass. Thread t holds
-// 16 columns of the tile (piece t % 8) in 4 of its rows, loaded together;
-// hidden and the rows of a tensor are multiples of 16.
-template <NormKind K, class T, class P>
-__global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_t(FwdArgs a) {
+// Current scaling's quantizing pass on the statistics its measuring pass
+// wrote (a.mean, a.rstd) and scale_inv in a.amax: q = saturate(y /
+// scale_inv[t]) row-major into a.y and, with TR, through the tile
+// transposed into a.qt, for each tensor t (blockIdx.z) of rows_per_tensor()
+// rows. x is read once and q's bytes are not read back, as they are when the
+// transpose runs after the quantizing pass. Thread t holds 16 columns of the
+// tile (piece t % 8) in 4 of its rows, loaded together; hidden (and with TR
+// the rows of a tensor) are multiples of 16.
+template <NormKind K, class T, class P, bool TR>
+__global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_tiles(FwdArgs a) {
   __shared__ Tile tile;
   // The tile's columns' scale (gamma, 1 + gamma or 1) and shift (beta or 0),
   // read from here by each row: held in registers they cost a CTA an SM.
@@ -159,11 +159,13 @@ __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_t(
         for (int k = 0; k < 4; ++k) w[k] = fp8x4<__NV_E5M2>(v + 4 * k);
       }
       store_words<4>(q + (r0 + r) * H + col, w);
-      tile_piece(tile, r, piece) = make_uint4(w[0], w[1], w[2], w[3]);
+      if constexpr (TR) tile_piece(tile, r, piece) = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    __syncthreads();
-    store_transposed(tile, static_cast<uint8_t*>(a.qt) + base, rows, H, r0, c0, t);
-    __syncthreads();  // the tile is rewritten next
+    if constexpr (TR) {
+      __syncthreads();
+      store_transposed(tile, static_cast<uint8_t*>(a.qt) + base, rows, H, r0, c0, t);
+      __syncthreads();  // the tile is rewritten next
+    }
   }
 }
 
@@ -215,21 +217,29 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
   return check_launch("transpose1");
 }
 
-bool quantize_t_fits(const FwdArgs& a) {
+bool quantize_tiles_fit(const FwdArgs& a) {
   const bool params_aligned = (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
-  return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && a.rows_per_tensor() % 16 == 0 &&
-         aligned16(a.x) && aligned16(a.y) && aligned16(a.qt) && params_aligned;
+  const bool qt_fits = !a.qt || (a.rows_per_tensor() % 16 == 0 && aligned16(a.qt));
+  return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && aligned16(a.x) &&
+         aligned16(a.y) && params_aligned && qt_fits;
 }
 
 template <NormKind K, class T, class P>
-ffi::Error launch_quantize_t(cudaStream_t stream, const FwdArgs& a) {
+ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a) {
   dim3 grid;
   JRN_RETURN_IF_ERROR(tile_grid(a.tensors, a.rows_per_tensor(), a.shape.hidden, kVT, &grid));
-  quantize_t<K, T, P><<<grid, kVThreads, 0, stream>>>(a);
-  return check_launch("quantize_t");
+  if (a.qt) {
+    quantize_tiles<K, T, P, true><<<grid, kVThreads, 0, stream>>>(a);
+  } else if constexpr (K == NormKind::kRms) {
+    quantize_tiles<K, T, P, false><<<grid, kVThreads, 0, stream>>>(a);
+  } else {
+    return ffi::Error::Internal("jax_rmsnorm: quantize_tiles without q_t takes RMSNorm only");
+  }
+  return check_launch("quantize_tiles");
 }
 
-#define JRN_INSTANTIATE_QUANTIZE_T(K, T, P) template ffi::Error launch_quantize_t<K, T, P>(cudaStream_t, const FwdArgs&);
-JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_QUANTIZE_T)
+#define JRN_INSTANTIATE_QUANTIZE_TILES(K, T, P) \
+  template ffi::Error launch_quantize_tiles<K, T, P>(cudaStream_t, const FwdArgs&);
+JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_QUANTIZE_TILES)
 
 }  // namespace jrn::cuda

@@ -27,13 +27,15 @@ ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a);
 // out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.
 ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
                              int64_t cols);
-// Current scaling's quantizing pass writing q and its transposed copy a.qt
-// in one read of x, with the statistics and scale_inv (a.amax) of the passes
-// before; where quantize_t_fits(a): no residual, float x, hidden and the rows
-// of a tensor multiples of 16, 16-byte aligned buffers.
-bool quantize_t_fits(const FwdArgs& a);
+// Current scaling's quantizing pass from the statistics and scale_inv
+// (a.amax) of the passes before, writing q and, with a.qt, its transposed
+// copy in the same read of x (LayerNorm: with a.qt only); where
+// quantize_tiles_fit(a): no residual, float
+// x, hidden (and with a.qt the rows of a tensor) multiples of 16, 16-byte
+// aligned buffers.
+bool quantize_tiles_fit(const FwdArgs& a);
 template <NormKind K, class T, class P>
-ffi::Error launch_quantize_t(cudaStream_t stream, const FwdArgs& a);
+ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
 
 // Applies MACRO(K, T, P) to every instantiated combination.
 #define JRN_FOR_EACH_INSTANCE(MACRO)                                       \
