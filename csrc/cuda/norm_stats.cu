@@ -99,9 +99,9 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
 
 // Current scaling's measuring pass for RMSNorm without a residual: max |y|
 // of each row, y = x * rstd * scale, merged into amax of the row's tensor
-// (zeroed before), and rstd. rstd > 0 is common to the row, so max |y| = rstd * max |x *
-// scale|, and one reduction a row takes both sums; read-only, on the x
-// statistics' launch shape (below). Measured with the quantizing pass after
+// (zeroed before), and rstd. rstd > 0 is common to the row, so max |y| =
+// rstd * max |x * scale|, and one reduction a row takes both sums; x only
+// read, on the x statistics' launch shape (below). Measured with the quantizing pass after
 // it: see launch_fwd_current in norm_fwd.cu.
 template <class T, class P, int VEC>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   row_sum<2, SumAbsMaxOp, true>(acc, smem);
   if (valid && threadIdx.x == 0) {
     const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
-    a.rstd[row] = rstd;  // what quantize_t normalizes with
+    a.rstd[row] = rstd;  // what quantize_tiles normalizes with
     atomic_abs_max(a.amax + a.tensor_of(row), max_abs(0.f, rstd * acc[1]));
   }
 }
