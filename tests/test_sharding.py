@@ -429,6 +429,8 @@ def _fused_cases():
         "fp8_layer_tensor": lambda x, r, g: jrn.layer_norm_fp8(x, g, g, scale=jnp.float32(20.0),
                                                                out_dtype=jnp.float8_e5m2, zero_centered_gamma=True),
         "fp8_current": lambda x, r, g: jrn.rms_norm_fp8_current(x, g, out_dtype=fp8),
+        # with the transposed copy, a fused output of its own
+        "fp8_layer_current_t": lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, out_dtype=fp8, transpose=True),
         "fp8_row": lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g, out_dtype=fp8),
         # scale_ub below most rows' max / 448: clamped scales, saturated codes
         "fp8_row_ub": lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g, out_dtype=fp8, scale_ub=0.003, residual=r,
@@ -471,7 +473,7 @@ def test_fused_sharded_matches_unsharded(platform, axis_type, case, layout):
     if case == "fp8_row_ub":  # the bound took effect
         assert np.all(f64(got[1]) <= np.float32(0.003)) and np.any(np.abs(f64(got[0])) == 448.0)
 
-    if case != "fp8_current":  # gradients through the fused backward (straight-through for FP8)
+    if "current" not in case:  # gradients through the fused backward (straight-through for FP8)
         def loss(x, r, g):
             out = fn(x, r, g)
             h = out[2] if len(out) == 3 else out[1] if case.startswith("add") else None
