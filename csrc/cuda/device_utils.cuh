@@ -88,15 +88,23 @@ __device__ __forceinline__ void unpack(const Pack<T, N>& pk, float (&f)[N]) {
   }
 }
 
+// Loads the pack at p[0..N) as stored, in 16-byte read-only loads (N *
+// sizeof(T) a multiple of 16, `p` aligned to 16 bytes).
+template <class T, int N>
+__device__ __forceinline__ void load_raw(const T* p, Pack<T, N>& pk) {
+  static_assert(N * sizeof(T) % 16 == 0, "load_raw: whole 16-byte pieces");
+#pragma unroll
+  for (int c = 0; c < static_cast<int>(N * sizeof(T) / 16); ++c)
+    reinterpret_cast<uint4*>(&pk)[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
+}
+
 // Loads N elements of p[0..N) into f as float. `p` must be aligned to the pack.
 template <int N, class T>
 __device__ __forceinline__ void load_pack(const T* p, float (&f)[N]) {
   constexpr int kBytes = N * sizeof(T);
   if constexpr (kBytes % 16 == 0) {
     Pack<T, N> pk;
-#pragma unroll
-    for (int c = 0; c < kBytes / 16; ++c)
-      reinterpret_cast<uint4*>(&pk)[c] = __ldg(reinterpret_cast<const uint4*>(p) + c);
+    load_raw(p, pk);
     unpack(pk, f);
   } else {
 #pragma unroll
@@ -236,19 +244,27 @@ __device__ __forceinline__ void decode_fp8x4(uint32_t w, Fp8 fmt, float* f) {
   }
 }
 
+// N floats (a multiple of 4) as the FP8 codes of N / 4 words, four to a
+// word (fp8x4). The format is chosen once per call, not per pair.
+template <int N>
+__device__ __forceinline__ void fp8_words(const float (&f)[N], Fp8 fmt, uint32_t (&w)[N / 4]) {
+  static_assert(N % 4 == 0, "fp8_words: four codes a word");
+  if (fmt == Fp8::kE4M3) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E4M3>(f + 4 * i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E5M2>(f + 4 * i);
+  }
+}
+
 // Stores N floats as FP8 codes, with one access when N is a multiple of 4
-// (`p` aligned to N bytes). The format is chosen once per call, not per pair.
+// (`p` aligned to N bytes).
 template <int N>
 __device__ __forceinline__ void store_fp8(uint8_t* p, const float (&f)[N], Fp8 fmt) {
   if constexpr (N % 4 == 0) {
     uint32_t w[N / 4];
-    if (fmt == Fp8::kE4M3) {
-#pragma unroll
-      for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E4M3>(f + 4 * i);
-    } else {
-#pragma unroll
-      for (int i = 0; i < N / 4; ++i) w[i] = fp8x4<__NV_E5M2>(f + 4 * i);
-    }
+    fp8_words<N>(f, fmt, w);
     store_words<N / 4>(p, w);
   } else {
     const __nv_fp8_interpretation_t kind = fmt == Fp8::kE4M3 ? __NV_E4M3 : __NV_E5M2;

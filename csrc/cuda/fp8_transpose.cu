@@ -52,7 +52,7 @@ __device__ __forceinline__ void store_transposed(const Tile& tile, uint8_t* out,
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int r = 16 * rb + j;
-    x[j] = words[r * kWords + (((w >> 2) ^ rb) << 2) + (w & 3)];
+    x[j] = words[r * kWords + (((w >> 2) ^ rb) << 2) + (w & 3)];  // tile_piece's swizzle: (r >> 4) & 7 == rb
   }
   uint32_t o[4][4];  // [column b][word k]: rows 4k..4k+3 of column 4w + b
 #pragma unroll
@@ -131,11 +131,7 @@ __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_ti
     for (int i = 0; i < kRowsEach; ++i) {
       const int64_t gr = r0 + r_first + i * kRowsPerPass;
       in[i] = col_in && gr < rows;
-      if (in[i]) {
-#pragma unroll
-        for (int c = 0; c < static_cast<int>(sizeof(raw[i])) / 16; ++c)
-          reinterpret_cast<uint4*>(&raw[i])[c] = __ldg(reinterpret_cast<const uint4*>(x + gr * H + col) + c);
-      }
+      if (in[i]) load_raw(x + gr * H + col, raw[i]);
     }
 #pragma unroll
     for (int i = 0; i < kRowsEach; ++i) {
@@ -151,13 +147,7 @@ __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_ti
         v[j] *= mul;
       }
       uint32_t w[4];
-      if (a.fp8 == Fp8::kE4M3) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = fp8x4<__NV_E4M3>(v + 4 * k);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = fp8x4<__NV_E5M2>(v + 4 * k);
-      }
+      fp8_words<16>(v, a.fp8, w);
       store_words<4>(q + (r0 + r) * H + col, w);
       if constexpr (TR) tile_piece(tile, r, piece) = make_uint4(w[0], w[1], w[2], w[3]);
     }

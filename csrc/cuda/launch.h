@@ -30,9 +30,8 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
 // Current scaling's quantizing pass from the statistics and scale_inv
 // (a.amax) of the passes before, writing q and, with a.qt, its transposed
 // copy in the same read of x (LayerNorm: with a.qt only); where
-// quantize_tiles_fit(a): no residual, float
-// x, hidden (and with a.qt the rows of a tensor) multiples of 16, 16-byte
-// aligned buffers.
+// quantize_tiles_fit(a): no residual, float x, hidden (and with a.qt the rows
+// of a tensor) multiples of 16, 16-byte aligned buffers.
 bool quantize_tiles_fit(const FwdArgs& a);
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);

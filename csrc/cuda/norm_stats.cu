@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
 // of each row, y = x * rstd * scale, merged into amax of the row's tensor
 // (zeroed before), and rstd. rstd > 0 is common to the row, so max |y| =
 // rstd * max |x * scale|, and one reduction a row takes both sums; x only
-// read, on the x statistics' launch shape (below). Measured with the quantizing pass after
-// it: see launch_fwd_current in norm_fwd.cu.
+// read, on the x statistics' launch shape (below). Measured with the
+// quantizing pass after it: see launch_fwd_current in norm_fwd.cu.
 template <class T, class P, int VEC>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
