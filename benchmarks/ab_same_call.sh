@@ -7,26 +7,36 @@
 #   bash benchmarks/ab_same_call.sh dist/ref python3 benchmarks/bench_fused.py --ops ln_fp8 --hidden 4096
 #
 # (pass dist as a carried path to the device). Logs go to $OUT (or ./out):
-# build_{ref,new}.log and bench_{ref,new}.log; the tables' rows are printed.
+# build_<label>.log and bench_<label>_<round>.log; the tables' rows are printed.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 <reference source dir> <command...>"; exit 2; }
-REF=$(cd "$1" && pwd); shift
+# Several references at once: dist/ref,dist/mid (each labelled by its folder's name).
+[ $# -ge 2 ] || { echo "usage: $0 <reference source dir>[,<another>...] <command...>"; exit 2; }
+IFS=, read -ra REFS <<< "$1"; shift
 REPO=$(pwd)
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90}
 WHL=$(mktemp -d)
-( cd "$REF" && python3 -m pip wheel --no-build-isolation --no-deps . -w "$WHL/ref" > "$OUT/build_ref.log" 2>&1 ) &
+LABELS=()
+for r in "${REFS[@]}"; do
+  v=$(basename "$r"); LABELS+=("$v")
+  ( cd "$r" && python3 -m pip wheel --no-build-isolation --no-deps . -w "$WHL/$v" > "$OUT/build_$v.log" 2>&1 ) &
+done
+LABELS+=(new)
 ( python3 -m pip wheel --no-build-isolation --no-deps . -w "$WHL/new" > "$OUT/build_new.log" 2>&1 ) &
 wait
-for v in ref new; do
+for v in "${LABELS[@]}"; do
   ls "$WHL/$v"/*.whl > /dev/null 2>&1 || { echo "build of $v failed:"; tail -30 "$OUT/build_$v.log"; exit 1; }
 done
-for v in ref new; do
-  python3 -m pip install --no-deps --force-reinstall "$WHL/$v"/*.whl > "$OUT/install_$v.log" 2>&1 ||
-    { tail -20 "$OUT/install_$v.log"; exit 1; }
-  # From the repository root the scripts import the installed wheel: their
-  # own folder, not the root, is first on sys.path.
-  ( cd "$REPO" && "$@" ) > "$OUT/bench_$v.log" 2>&1
-  echo "== $v"
-  grep "^| [a-z]" "$OUT/bench_$v.log" | grep -v "^| op "
+# ROUNDS=n runs the builds in turn n times (ref, new, ref, new, ...): drift
+# over the call (clocks, temperature) then shows as the spread of one build.
+for round in $(seq "${ROUNDS:-1}"); do
+  for v in "${LABELS[@]}"; do
+    python3 -m pip install --no-deps --force-reinstall "$WHL/$v"/*.whl > "$OUT/install_$v.log" 2>&1 ||
+      { tail -20 "$OUT/install_$v.log"; exit 1; }
+    # From the repository root the scripts import the installed wheel: their
+    # own folder, not the root, is first on sys.path.
+    ( cd "$REPO" && "$@" ) > "$OUT/bench_${v}_$round.log" 2>&1
+    echo "== $v (round $round)"
+    grep "^| [a-z]" "$OUT/bench_${v}_$round.log" | grep -v "^| op "
+  done
 done

@@ -8,9 +8,9 @@ for op in "$@"; do
   timeout 120 ncu --clock-control none --kernel-name regex:'fwd_|bwd_|stats|apply|reduce_cols|dgamma' \
     --launch-skip 0 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section MemoryWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \
     python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 \
     > "$OUT/ncu_${op}_${hidden}.txt" 2>&1
   echo "$op: exit $?"
-  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occ|Block Size|Grid Size" "$OUT/ncu_${op}_${hidden}.txt" | head -40
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${op}_${hidden}.txt" | head -60
 done
