@@ -10,7 +10,7 @@ JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90} \
 python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
 for step in "$@"; do
   case $step in
-    tests)  # 8 processes where pytest-xdist is installed (H100, 2026-11-25: 768 passed in 114 s)
+    tests)  # 8 processes where pytest-xdist is installed (H100, 2026-11-25: 942 passed in 173 s)
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -k gpu "${par[@]}" 2>&1 |
         tee "$OUT/tests_gpu.log" | tail -15 ;;
