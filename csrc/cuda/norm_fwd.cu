@@ -632,17 +632,15 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
       if (in[i]) {
         float v[VEC];
         read(st, i, v);
+        if constexpr (kRowMaxFirst) {  // RMSNorm: no shift
+          add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
+        } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = v[j] - shift;
-          acc[0] += d * d;
-          if constexpr (K == NormKind::kLayer) acc[kSums - 1] += d;
-        }
-        if constexpr (kRowMaxFirst) {
-          float s[VEC];
-          load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[1] = max_abs(acc[1], v[j] * s[j]);
+          for (int j = 0; j < VEC; ++j) {
+            const float d = v[j] - shift;
+            acc[0] += d * d;
+            if constexpr (K == NormKind::kLayer) acc[kSums - 1] += d;
+          }
         }
       }
     }
