@@ -568,11 +568,35 @@ constexpr int kSliceThreads = 512;
 // us against 257.3 with it, H100, bf16 x 2048x65536), and per row and per
 // group at 2048x65536 took 233.6 and 231.6 us against 215.1 and 220.4 with
 // it. An explicit bound of 1 would let ptxas raise them to 42-64 registers.
+//
+// LayerNorm with per-tensor FP8 output (16-byte parameter packs) instead
+// holds its gamma and beta packs in registers across rows, reloaded only
+// when the row's parameter group changes, so that no parameter load sits on
+// a pack's path (L1TEX was the largest stall, table 6n), at two CTAs of 512
+// threads per SM (64 registers, no spills). Where one CTA holds the whole row
+// (hidden up to 16384 in bf16) it also takes the row's shift (layer_shift)
+// from the stage instead of global memory, one L2 round trip a row fewer.
+// Same-call A/B on an H100, bf16, us (table 6o): 65536x2048 169.9 -> 159.6,
+// 32768x4096 175.7 -> 156.8, 8192x16384 190.7 -> 168.0 (the shift's part:
+// 175.1 -> 166.0); current scaling's quantizing pass 317.1 -> 293.6 at 4096.
+// At 2048x65536 (clusters, where the occupancy lost matters) level in one
+// call (221.8 -> 223.3) and 3% slower in another (222.3 -> 228.9).
+// Not taken: the held packs for RMSNorm's per-tensor, per-row and per-group
+// outputs (gamma alone: more lost to occupancy than gained; rms_fp8 2048 162
+// -> 170 us, 65536 174 -> 185, per row at 65536 209 -> 222), and the shift's
+// elements loaded before the wait with clusters (ln_fwd 2048x65536 235.5 ->
+// 238.8 us, 512x262144 327.3 -> 333.9, float32 parameters 255.6 -> 275.9).
+template <NormKind K, Quant Q, class P, int VEC>
+constexpr bool kSliceHoldsParams = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
+
 template <NormKind K, Quant Q, class T, class P, int VEC>
-__global__ void __launch_bounds__(kSliceThreads, 3)
+__global__ void __launch_bounds__(kSliceThreads, kSliceHoldsParams<K, Q, P, VEC> ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
+  constexpr bool kHold = kSliceHoldsParams<K, Q, P, VEC>;
+  Pack<P, VEC> held_gamma[kHold ? kSliceItems : 1], held_beta[kHold ? kSliceItems : 1];
+  int64_t held_off = -1;  // parameter offset of the held packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   // RMSNorm's per-row FP8 scale: max |y| = rstd * max |x * scale| (rstd > 0
   // is common to the row), taken in the pass of the sums and reduced with
@@ -621,11 +645,31 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
     if (slice_bytes > 0) ring.wait(st);
-    const T* xrow = static_cast<const T*>(a.x) + row * H;
-    const float shift = K == NormKind::kLayer ? layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H) : 0.f;
+    // LayerNorm's shift, from the stage where it holds the whole row. Only
+    // the FP8 outputs take fwd_slices for rows of one CTA; the plain kernels
+    // do not compile the branch (with it, the float32-parameter one spilled).
+    float shift = 0.f;
+    if constexpr (K == NormKind::kLayer) {
+      const T* srow = reinterpret_cast<const T*>(stages + st * packs);
+      const T* xrow = static_cast<const T*>(a.x) + row * H;
+      shift = Q != Quant::kNone && cluster == 1 ? layer_shift([&](int64_t c) { return to_float(srow[c]); }, H)
+                                                : layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H);
+    }
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
     const P* beta = held(K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr);
+    if constexpr (kHold) {
+      if (poff != held_off) {  // uniform over the CTA
+        held_off = poff;
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            if (gamma) load_raw(gamma + first + local(i), held_gamma[i]);
+            if (beta) load_raw(beta + first + local(i), held_beta[i]);
+          }
+        }
+      }
+    }
     float acc[kRed] = {};  // sum((x - shift)^2), then sum(x - shift) or max |x * scale|
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -654,7 +698,12 @@ __global__ void __launch_bounds__(kSliceThreads, 3)
     auto normalized = [&](int i, float (&v)[VEC]) {
       if (in[i]) {
         read(st, i, v);
-        scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
+        if constexpr (kHold) {
+          const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
+          scale_shift_packs<VEC>(v, mean, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
+        } else {
+          scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[j] = 0.f;
