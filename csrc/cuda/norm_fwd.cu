@@ -545,7 +545,8 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // stages while the previous row is normalized from the other. The stage is
 // refilled right after the row reduction (its barrier orders the previous
 // row's reads first; a barrier of its own at the top of the row measured
-// slower here). Rows then need no registers of their own (three CTAs per SM)
+// slower here). Rows then need no registers of their own (three CTAs per
+// SM; two for LayerNorm's per-tensor FP8, which holds its parameters, below)
 // and the next row's load is always in flight: with one cluster per row and
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
