@@ -75,9 +75,9 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& x_scale,
                                    ffi::AnyBuffer& y, ffi::AnyBuffer* mean, ffi::AnyBuffer& rstd,
                                    ffi::AnyBuffer& h, ffi::AnyBuffer& qs, ffi::AnyBuffer* qt, float eps,
-                                   bool zero_centered,
-                                   bool has_gamma, bool has_beta, bool has_residual, int32_t quant,
-                                   int64_t group_size, float scale_ub, int64_t x_group_size, FwdArgs* a) {
+                                   bool zero_centered, bool has_gamma, bool has_beta, bool has_residual,
+                                   int32_t quant, int64_t group_size, float scale_ub, int64_t x_group_size,
+                                   FwdArgs* a) {
   if (quant < 0 || quant > static_cast<int32_t>(Quant::kCurrent))
     return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
   a->quant = static_cast<Quant>(quant);
@@ -202,7 +202,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                         int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {   \
     FwdArgs a;                                                                                  \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, xs, y, mean, rstd, h, qs, \
-                                  &qt, eps, zc, has_gamma, has_beta, has_residual, quant,            \
+                                  &qt, eps, zc, has_gamma, has_beta, has_residual, quant,       \
                                   group_size, scale_ub, x_group, &a);                           \
         e.failure())                                                                            \
       return e;                                                                                 \
@@ -249,7 +249,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
          float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,   \
          int64_t group_size, float scale_ub, int64_t x_group) {                                 \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                \
-            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta,   \
+            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta, \
             has_residual, quant, group_size, scale_ub, x_group);                                \
       },                                                                                        \
       JRN_BUFFERS(BIND, 6, 6)                                                                   \

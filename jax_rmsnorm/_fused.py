@@ -362,7 +362,7 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       of both ``x`` and ``residual`` (each in its own dtype).
     """
     y, h, _, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
+                      h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
 
@@ -375,7 +375,7 @@ def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, bet
     gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
     y, h, _, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                   h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
+                      h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
 
