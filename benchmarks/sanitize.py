@@ -26,7 +26,9 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # sums through distributed shared memory. At 65536, rows enough (two a SM on
 # an H100) for the two-pass forward of the residual add (fwd_add_stats,
 # fwd_apply), which also normalizes with given statistics.
-MANY_ROWS = [(2000, 4096), (600, 16384), (300, 65536)]
+# At 1024 (bf16), LayerNorm's per-tensor FP8 with parameters in x's dtype
+# (gamma and beta held across rows) takes CTAs of one warp, 32 a SM.
+MANY_ROWS = [(9000, 1024), (2000, 4096), (600, 16384), (300, 65536)]
 
 
 def check(a, b, tol):
@@ -170,6 +172,9 @@ def main():
             for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
                 check(a, b, 3e-2)
         compare(fp8_outputs(h), x, dy, g, 3e-2)
+        # LayerNorm's per-tensor FP8 with bf16 parameters (held in registers)
+        compare([lambda x, r, g: jrn.layer_norm_fp8(x, g, g, scale=20.0),
+                 lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g)], x, dy, g.astype(jnp.bfloat16), 3e-2)
         compare(wide_rows(h), x, dy, g, 3e-2)
         print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")

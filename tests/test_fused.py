@@ -312,8 +312,9 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
 
 # More rows than the GPU's persistent slots: the FP8 forward walks several
 # rows per slot through every stage of its shared-memory ring, and under vmap
-# a slot's rows cross from one tensor (one amax) to the next.
-@pytest.mark.parametrize("shape", [(3000, 4096), (300, 65536)], ids=sid)
+# a slot's rows cross from one tensor (one amax) to the next. At 1024,
+# LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100).
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (300, 65536)], ids=sid)
 @pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])

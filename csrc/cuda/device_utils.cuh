@@ -448,13 +448,16 @@ __device__ __forceinline__ void scale_shift(float (&v)[N], float mean, float rst
 }
 
 // scale_shift with gamma/beta of the N columns already at hand, as stored
-// (null: scale 1 / no shift).
+// (has_gamma false: scale 1; has_beta false: no shift). Flags, not nullable
+// pointers: the callers' `cond ? &pack : nullptr` gave their packs addresses,
+// and with 16-bit half or float parameters ptxas kept them on the stack.
 template <int N, class P>
-__device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, float rstd, const Pack<P, N>* gamma,
-                                                  const Pack<P, N>* beta, bool zero_centered) {
+__device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, float rstd, const Pack<P, N>& gamma,
+                                                  bool has_gamma, const Pack<P, N>& beta, bool has_beta,
+                                                  bool zero_centered) {
   float s[N];
-  if (gamma) {
-    unpack(*gamma, s);
+  if (has_gamma) {
+    unpack(gamma, s);
 #pragma unroll
     for (int i = 0; i < N; ++i) s[i] += zero_centered ? 1.f : 0.f;
   } else {
@@ -463,9 +466,9 @@ __device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, flo
   }
 #pragma unroll
   for (int j = 0; j < N; ++j) v[j] = (v[j] - mean) * rstd * s[j];
-  if (beta) {
+  if (has_beta) {
     float b[N];
-    unpack(*beta, b);
+    unpack(beta, b);
 #pragma unroll
     for (int j = 0; j < N; ++j) v[j] += b[j];
   }

@@ -8,8 +8,8 @@
 //    one thread block cluster per row (each CTA holds a slice; the row sums
 //    are combined through distributed shared memory).
 //  * fwd_slices (sm_90+): rows too wide for one CTA, and per-tensor FP8
-//    output from 2048 columns (bf16): persistent CTAs (clusters for wide
-//    rows) walk the rows, each CTA's slice of the next row
+//    output from 2048 columns (bf16; LayerNorm's from 1024): persistent CTAs
+//    (clusters for wide rows) walk the rows, each CTA's slice of the next row
 //    bulk-copied into shared memory while the current one is normalized.
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
         // Copies: passing &pg[i] itself put pg/pb in local memory (stack frames
         // of up to 256 bytes in the ptxas report).
         const Pack<P, VEC> g = pg[i], b = pb[i];
-        scale_shift_packs<VEC>(v[i], 0.f, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
+        scale_shift_packs<VEC>(v[i], 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
       } else {
         scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
       }
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   for (int i = 0; i < ITEMS; ++i) {
     if (in[i]) {
       const V g = gv[i], b = bv[i];
-      scale_shift_packs<VEC>(v[i], mean, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
+      scale_shift_packs<VEC>(v[i], mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
       store_pack<VEC>(y + pack(i) * VEC, v[i]);
     }
   }
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // refilled right after the row reduction (its barrier orders the previous
 // row's reads first; a barrier of its own at the top of the row measured
 // slower here). Rows then need no registers of their own (three CTAs per
-// SM; two for LayerNorm's per-tensor FP8, which holds its parameters, below)
+// SM; two for LayerNorm's per-tensor FP8 in one CTA a row, ONE_CTA below)
 // and the next row's load is always in flight: with one cluster per row and
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
@@ -570,33 +570,37 @@ constexpr int kSliceThreads = 512;
 // group at 2048x65536 took 233.6 and 231.6 us against 215.1 and 220.4 with
 // it. An explicit bound of 1 would let ptxas raise them to 42-64 registers.
 //
-// LayerNorm with per-tensor FP8 output (16-byte parameter packs) instead
-// holds its gamma and beta packs in registers across rows, reloaded only
-// when the row's parameter group changes, so that no parameter load sits on
-// a pack's path (L1TEX was the largest stall, table 6n), at two CTAs of 512
-// threads per SM (64 registers, no spills). Where one CTA holds the whole row
-// (hidden up to 16384 in bf16) it also takes the row's shift (layer_shift)
-// from the stage instead of global memory, one L2 round trip a row fewer.
+// ONE_CTA: LayerNorm with per-tensor FP8 output (16-byte parameter packs) where
+// one CTA holds the whole row (hidden 1024 to 16384 in bf16). It holds its
+// gamma and beta packs in registers across rows, reloaded only when the row's
+// parameter group changes, so that no parameter load sits on a pack's path
+// (L1TEX was the largest stall, table 6n), at two CTAs of 512 threads per SM
+// (64 registers, no spills). The other FP8 outputs read the row's shift
+// (layer_shift) from the stage too where one CTA holds the row: one L2 round
+// trip a row fewer than from global memory.
 // Same-call A/B on an H100, bf16, us (table 6o): 65536x2048 169.9 -> 159.6,
 // 32768x4096 175.7 -> 156.8, 8192x16384 190.7 -> 168.0 (the shift's part:
 // 175.1 -> 166.0); current scaling's quantizing pass 317.1 -> 293.6 at 4096.
-// At 2048x65536 (clusters, where the occupancy lost matters) level in one
-// call (221.8 -> 223.3) and 3% slower in another (222.3 -> 228.9).
+// Held with clusters too, at 2048x65536, it was 222 -> 229 us (the occupancy
+// lost); ONE_CTA is chosen at launch, where the cluster is one CTA (table 6p:
+// 225.3 -> 221.7 us against holding everywhere). At hidden 1024 its CTAs are
+// one warp, 32 a SM (the same 1024 threads), and it beats fwd_regs there:
+// 131072x1024 196.7 -> 165.5 us (table 6p).
 // Not taken: the held packs for RMSNorm's per-tensor, per-row and per-group
 // outputs (gamma alone: more lost to occupancy than gained; rms_fp8 2048 162
 // -> 170 us, 65536 174 -> 185, per row at 65536 209 -> 222), and the shift's
 // elements loaded before the wait with clusters (ln_fwd 2048x65536 235.5 ->
-// 238.8 us, 512x262144 327.3 -> 333.9, float32 parameters 255.6 -> 275.9).
+// 238.8 us, 512x262144 327.3 -> 333.9).
 template <NormKind K, Quant Q, class P, int VEC>
-constexpr bool kSliceHoldsParams = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
+constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
 
-template <NormKind K, Quant Q, class T, class P, int VEC>
-__global__ void __launch_bounds__(kSliceThreads, kSliceHoldsParams<K, Q, P, VEC> ? 2 : 3)
+template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false>
+__global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
-  constexpr bool kHold = kSliceHoldsParams<K, Q, P, VEC>;
-  Pack<P, VEC> held_gamma[kHold ? kSliceItems : 1], held_beta[kHold ? kSliceItems : 1];
+  static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
+  Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   // RMSNorm's per-row FP8 scale: max |y| = rstd * max |x * scale| (rstd > 0
@@ -653,13 +657,14 @@ __global__ void __launch_bounds__(kSliceThreads, kSliceHoldsParams<K, Q, P, VEC>
     if constexpr (K == NormKind::kLayer) {
       const T* srow = reinterpret_cast<const T*>(stages + st * packs);
       const T* xrow = static_cast<const T*>(a.x) + row * H;
-      shift = Q != Quant::kNone && cluster == 1 ? layer_shift([&](int64_t c) { return to_float(srow[c]); }, H)
-                                                : layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H);
+      shift = ONE_CTA || (Q != Quant::kNone && cluster == 1)
+                  ? layer_shift([&](int64_t c) { return to_float(srow[c]); }, H)
+                  : layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H);
     }
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
     const P* beta = held(K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr);
-    if constexpr (kHold) {
+    if constexpr (ONE_CTA) {
       if (poff != held_off) {  // uniform over the CTA
         held_off = poff;
 #pragma unroll
@@ -691,7 +696,14 @@ __global__ void __launch_bounds__(kSliceThreads, kSliceHoldsParams<K, Q, P, VEC>
     }
     row_sum<kRed>(acc, smem, RedOp{});
     if (cluster > 1) cluster_sum<kRed>(acc, xchg, st, RedOp{});
-    prefetch(row + used, st ^ 1);  // the reduction's barrier has ordered it
+    // The reduction's barrier has ordered the stage's reads before its refill.
+    // A CTA of one warp (hidden 1024 in bf16) reduces by shuffles alone: a
+    // barrier of its own (with __syncwarp, racecheck reported the refill's
+    // writes against the previous row's reads, as warnings).
+    if constexpr (ONE_CTA) {
+      if (blockDim.x <= 32) __syncthreads();
+    }
+    prefetch(row + used, st ^ 1);
     const float m1 = K == NormKind::kLayer ? acc[kSums - 1] / static_cast<float>(H) : 0.f;
     const float mean = shift + m1;
     const float rstd = rsqrtf(fmaxf(acc[0] / static_cast<float>(H) - m1 * m1, 0.f) + a.eps);
@@ -699,9 +711,9 @@ __global__ void __launch_bounds__(kSliceThreads, kSliceHoldsParams<K, Q, P, VEC>
     auto normalized = [&](int i, float (&v)[VEC]) {
       if (in[i]) {
         read(st, i, v);
-        if constexpr (kHold) {
+        if constexpr (ONE_CTA) {
           const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
-          scale_shift_packs<VEC>(v, mean, rstd, gamma ? &g : nullptr, beta ? &b : nullptr, a.zero_centered);
+          scale_shift_packs<VEC>(v, mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
         } else {
           scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
         }
@@ -1036,23 +1048,29 @@ ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nv
 // of 64 threads or more; with 32-thread CTAs, at hidden 1024 bf16, it was
 // slower than fwd_regs: 263.8 against 210.8 us; at 2048, 197.9 against 200.8).
 constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
+// LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
+// warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
+constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
-// scaling) from kSliceMinVecs packs a row, otherwise rows wider than one CTA
+// scaling) from kSliceMinVecs packs a row (LayerNorm's with parameters held,
+// kSliceOneCtaMinVecs), otherwise rows wider than one CTA
 // of fwd_regs. Measured on an H100, bf16, fwd_slices against fwd_regs:
 // per-tensor 165.7 / 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384
 // (263.8 us at 131072x1024 with 32-thread CTAs); per row 184.3 / 176.3 and
 // 198.3 / 193.8 (fwd_slices: 233.1 us at 2048x65536, 315.9 with the row's
 // max in a reduction of its own); per group 252.9 / 239.2 and 241.7 / 252.8.
-template <NormKind K, Quant Q, class T, int VEC, bool XQ>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   if constexpr (XQ || sizeof(T) * VEC != 16) {
     return false;
   } else {
     constexpr int64_t kCtaVecs =
         static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
-    const int64_t min_vecs = Q == Quant::kTensor ? kSliceMinVecs : kCtaVecs + 1;
+    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> ? kSliceOneCtaMinVecs
+                             : Q == Quant::kTensor     ? kSliceMinVecs
+                                                      : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
   }
@@ -1067,6 +1085,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
     const size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
+    if constexpr (kSliceOneCta<K, Q, P, VEC>) {
+      if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
+    }
     int resident = 0;
     JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
     const int64_t used = std::max<int64_t>(1, std::min<int64_t>(a.shape.rows, resident));
@@ -1088,7 +1109,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   }
   constexpr int64_t kCtaVecs =
       static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
-  if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) {
+  if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) {
     const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
@@ -1131,7 +1152,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
   // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
-  if (slices_fit<K, Q, T, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
+  if (slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
   if (two_pass_fits<K, Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
   // One cluster per row, of CTAs of at most kClusterCtaThreads threads (smaller
