@@ -61,6 +61,7 @@ constexpr int kQuantMinBlocks = 2;
 constexpr int kEarlyThreads = 512;
 constexpr int kDecodeThreads = 128;  // target CTA size where the rows are few (below)
 constexpr int kDecodeItems = 2;      // packs per thread in fwd_decode
+constexpr int kDecodeWideThreads = 512;  // fwd_decode's CTA for rows of more packs (twice the items)
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -344,10 +345,12 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
 // 0.1-0.7 us in 28 of 32 cells and level (within 0.05 us) in the other four
 // (16x4096 RMSNorm 3.04 -> 2.90, LayerNorm 3.55 -> 3.34; 1x8192 RMSNorm
 // 3.31 -> 2.97). Two packs a thread: one or four were level or slower
-// (LayerNorm 256x8192 with four: 6.39 against 5.44).
-template <NormKind K, class T, int VEC>
+// (LayerNorm 256x8192 with four: 6.39 against 5.44), except for rows of
+// 1024-thread CTAs, more than one a SM (ITEMS = 4 there, see the launcher;
+// float32 256x8192 LayerNorm 9.2 -> 6.6 us, bf16 256x16384 RMSNorm 7.7 ->
+// 6.2, table 6q).
+template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
-  constexpr int ITEMS = kDecodeItems;
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   __shared__ float smem[kRowSumSmem];
@@ -1136,6 +1139,18 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // The plain norm where the rows alone are at most two per SM: fwd_decode.
       if (!a.residual && !a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
           a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads) {
+        // Rows of more than kDecodeItems * kDecodeWideThreads packs, more
+        // than one a SM: CTAs of 1024 threads fit one a SM (52-60 registers),
+        // so those rows ran in two waves; half the threads with twice the
+        // packs fit two (64 registers, no spills, for float32 and RMSNorm;
+        // LayerNorm in 16 bits would spill and keeps the 1024 threads).
+        if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
+          if (nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms) {
+            fwd_decode<K, T, VEC, 2 * kDecodeItems>
+                <<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
+            return check_launch("fwd_decode");
+          }
+        }
         const int threads = std::max(32, pow2_ceil((nvec + kDecodeItems - 1) / kDecodeItems));
         fwd_decode<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
