@@ -31,7 +31,6 @@ matmul that makes the partial sums.
 from __future__ import annotations
 
 import argparse
-from functools import partial
 
 import numpy as np
 import jax

@@ -17,7 +17,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 
 _spec = importlib.util.spec_from_file_location(

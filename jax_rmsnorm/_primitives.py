@@ -459,7 +459,7 @@ def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, given_stats, fused=None
                                 given_stats=given_stats, fused=fused, **params)
     full = dict(kind=kind, has_gamma=has_gamma, has_beta=has_beta, given_stats=given_stats, **params)
     n_params = 1 if kind == RMS else 2
-    x, ps, stats = args[0], list(args[1:1 + n_params]), list(args[1 + n_params:])
+    x, ps = args[0], list(args[1:1 + n_params])
     bx, bps = dims[0], dims[1:1 + n_params]
     if not given_stats and all(b is None for b in bps):
         # Shared parameters: the batch axis is one more row axis, unless it is last.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import equinox as eqx
-import jax.numpy as jnp
 
 from ._modules import normalize
 

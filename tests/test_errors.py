@@ -3,7 +3,6 @@
 import pytest
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_rmsnorm as jrn
 
