@@ -1166,7 +1166,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     return check_launch("fwd_regs");
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
-  // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs.
+  // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs
+  // (LayerNorm's, parameters held, from kSliceOneCtaMinVecs).
   if (slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
   if (two_pass_fits<K, Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
