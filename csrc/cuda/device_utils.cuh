@@ -412,6 +412,14 @@ struct BulkStages {
     mbar_wait(&landed[st], (phases >> st) & 1u);
     phases ^= 1u << st;
   }
+  // Between a row's reduction and the refill of the stage the previous row
+  // was read from: row_sum's barrier orders those reads first, but a CTA of
+  // one warp reduces by shuffles alone and takes a barrier here (without it,
+  // racecheck reported the refill's bulk writes against the earlier reads;
+  // __syncwarp compiles to nothing on sm_90).
+  __device__ __forceinline__ void order_refill_after_reduction() const {
+    if (blockDim.x <= 32) __syncthreads();
+  }
 };
 
 // Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.

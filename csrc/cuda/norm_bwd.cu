@@ -312,11 +312,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     }
     grad_row_sums<K>(acc, smem, xchg, cluster, st);
     if constexpr (!EARLY) {
-      // The reduction's barrier has ordered the stage's reads before its
-      // refill; a CTA of one warp (hidden 1024 in bf16) reduces by shuffles
-      // alone and takes a barrier of its own (without it, racecheck reported
-      // the refill's bulk writes against the previous row's reads).
-      if (blockDim.x <= 32) __syncthreads();
+      ring.order_refill_after_reduction();  // one-warp CTAs: hidden 1024 in bf16
       prefetch(r + l.used, st ^ 1);
     }
     float c1, c2;

@@ -699,13 +699,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
     }
     row_sum<kRed>(acc, smem, RedOp{});
     if (cluster > 1) cluster_sum<kRed>(acc, xchg, st, RedOp{});
-    // The reduction's barrier has ordered the stage's reads before its refill.
-    // A CTA of one warp (hidden 1024 in bf16) reduces by shuffles alone: a
-    // barrier of its own (with __syncwarp, racecheck reported the refill's
-    // writes against the previous row's reads, as warnings).
-    if constexpr (ONE_CTA) {
-      if (blockDim.x <= 32) __syncthreads();
-    }
+    if constexpr (ONE_CTA) ring.order_refill_after_reduction();  // the only CTAs of one warp here
     prefetch(row + used, st ^ 1);
     const float m1 = K == NormKind::kLayer ? acc[kSums - 1] / static_cast<float>(H) : 0.f;
     const float mean = shift + m1;
