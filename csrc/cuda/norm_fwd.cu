@@ -92,6 +92,15 @@ struct Pow2Groups {
   }
   __device__ bool leader() const { return (static_cast<int>(threadIdx.x) & lane_mask) == 0; }
   __device__ int64_t index(int64_t row, int col) const { return row * per_row + (col >> shift); }
+  // The abs-max of m over the group's lanes (lane_mask is uniform over the
+  // warp): the steps unrolled and predicated, not a loop on lane_mask.
+  __device__ float max_over_lanes(float m) const {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      if (off <= lane_mask) m = abs_max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    }
+    return m;
+  }
 };
 
 // Loads VEC elements of x at (row, col) as floats: T values, or with XQ (FP8
@@ -317,7 +326,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       float gm = 0.f;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
-      for (int off = 1; off <= groups.lane_mask; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+      gm = groups.max_over_lanes(gm);
       if (in[i]) {
         const float scale = quant_scale(gm, a.fp8, a.scale_ub);
         store_q<VEC>(a, row * H + column(i), v[i], 1.f / scale);
@@ -782,7 +791,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
         float gm = 0.f;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-        for (int off = 1; off <= groups.lane_mask; off <<= 1) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, off));
+        gm = groups.max_over_lanes(gm);
         if (in[i]) {
           const float scale = quant_scale(gm, a.fp8, a.scale_ub);
           store_q<VEC>(qrow + local(i), a.fp8, v, 1.f / scale);
@@ -1048,6 +1057,13 @@ constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
 constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
+// RMSNorm's per-group FP8 from rows that fill one CTA of fwd_regs (hidden
+// 16384 in bf16): at 8192x16384 bf16, groups of 128, 175.1 / 176.3 us
+// against fwd_regs' 182.8 / 181.7 (H100, same build, two rounds; 77-78% ->
+// 80-82% of a copy). From 512 packs it was level at 32768x4096 (172.0 /
+// 173.2 against 171.9 / 171.7) and slower at 16384x8192 (176.3 / 175.9
+// against 174.2 / 173.8).
+constexpr int64_t kSliceRmsGroupMinVecs = static_cast<int64_t>(kQuantRowThreads) * kRegItems;
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
@@ -1065,9 +1081,10 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs =
         static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
-    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor     ? kSliceMinVecs
-                                                      : kCtaVecs + 1;
+    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
+                             : Q == Quant::kTensor                     ? kSliceMinVecs
+                             : K == NormKind::kRms && Q == Quant::kGroup ? kSliceRmsGroupMinVecs
+                                                                       : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
   }
