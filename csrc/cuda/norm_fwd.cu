@@ -1057,13 +1057,11 @@ constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
 constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
-// RMSNorm's per-group FP8 from rows that fill one CTA of fwd_regs (hidden
-// 16384 in bf16): at 8192x16384 bf16, groups of 128, 175.1 / 176.3 us
-// against fwd_regs' 182.8 / 181.7 (H100, same build, two rounds; 77-78% ->
-// 80-82% of a copy). From 512 packs it was level at 32768x4096 (172.0 /
-// 173.2 against 171.9 / 171.7) and slower at 16384x8192 (176.3 / 175.9
-// against 174.2 / 173.8).
-constexpr int64_t kSliceRmsGroupMinVecs = static_cast<int64_t>(kQuantRowThreads) * kRegItems;
+// The packs a row of one CTA of fwd_regs holds at most (wider rows take
+// clusters, fwd_slices or the streaming kernel).
+template <Quant Q>
+constexpr int64_t kRegsCtaVecs =
+    static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
@@ -1074,16 +1072,21 @@ constexpr int64_t kSliceRmsGroupMinVecs = static_cast<int64_t>(kQuantRowThreads)
 // (263.8 us at 131072x1024 with 32-thread CTAs); per row 184.3 / 176.3 and
 // 198.3 / 193.8 (fwd_slices: 233.1 us at 2048x65536, 315.9 with the row's
 // max in a reduction of its own); per group 252.9 / 239.2 and 241.7 / 252.8.
+// RMSNorm's per-group FP8 also from rows that fill one CTA of fwd_regs
+// (hidden 16384 in bf16): at 8192x16384 bf16, groups of 128, 175.1 / 176.3
+// us against fwd_regs' 182.8 / 181.7 (H100, same build, two rounds; 77-78%
+// -> 80-82% of a copy). From 512 packs it was level at 32768x4096 (172.0 /
+// 173.2 against 171.9 / 171.7) and slower at 16384x8192 (176.3 / 175.9
+// against 174.2 / 173.8).
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   if constexpr (XQ || sizeof(T) * VEC != 16) {
     return false;
   } else {
-    constexpr int64_t kCtaVecs =
-        static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
+    constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
                              : Q == Quant::kTensor                     ? kSliceMinVecs
-                             : K == NormKind::kRms && Q == Quant::kGroup ? kSliceRmsGroupMinVecs
+                             : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
@@ -1121,8 +1124,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     lanes = static_cast<int>(a.group_size / VEC);
     regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
   }
-  constexpr int64_t kCtaVecs =
-      static_cast<int64_t>(Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
+  constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
   if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) {
     const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
