@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_rmsnorm as jrn
-from reference import TOL, f64, poison, random, ref_add, ref_backward, ref_forward
+from reference import TOL, assert_close, f64, poison, random, ref_add, ref_backward, ref_forward
 
 
 def _mesh(platform, data, model, axis_type=AxisType.Auto):
@@ -583,8 +583,17 @@ def test_add_norm_hidden_sharded_matches_unsharded(platform, axis_type, kind, h_
     for a, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert a.dtype == w.dtype and a.shape == w.shape
         assert np.all(np.isfinite(f64(a)))
-        # Same statistics up to float32 summation order: within bf16 rounding.
-        np.testing.assert_allclose(f64(a), f64(w), rtol=2e-2, atol=2e-2)
+        if a.ndim == 1:
+            # dgamma/dbeta, sums over the rows: atol scaled by their size, as
+            # in the value tests. On 2 H100s one column of 128 came out 0.088
+            # against 0.116 (LayerNorm, h in float32), outside a flat 0.02.
+            # The likely cause: the statistics differ in float32 summation
+            # order, a y element near |y| = 4 rounds to the neighbouring bf16
+            # value (0.03 away), and the row sum takes its cotangent's change whole.
+            assert_close(a, f64(w), w.dtype, "dgamma/dbeta")
+        else:
+            # Same statistics up to float32 summation order: within bf16 rounding.
+            np.testing.assert_allclose(f64(a), f64(w), rtol=2e-2, atol=2e-2)
     # h is x + residual, computed the same way on every device: exact
     np.testing.assert_array_equal(f64(h), f64(want[0][1]))
 

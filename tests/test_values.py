@@ -215,11 +215,15 @@ STATS_HIDDEN = [1000, 4096, 12288, 40001, 65536, 262144]
 @pytest.mark.parametrize("hidden", STATS_HIDDEN)
 def test_layer_norm_statistics_far_from_zero(hidden, platform):
     """Rows a variance taken as E[x^2] - E[x]^2 gets wrong in float32: a large
-    common offset, an outlier inside the row, a tiny spread around a large mean."""
-    x = np.array(random(hidden, (3, hidden), jnp.float32))
+    common offset, an outlier inside the row, a tiny spread around a large mean,
+    and a row whose halves lie far apart (+-500): nearly all its variance is
+    between the slices where a cluster of CTAs splits the row."""
+    x = np.array(random(hidden, (4, hidden), jnp.float32))
     x[0] += 1000.0
     x[1, hidden // 2] = -3000.0
     x[2] = 5.0 + 1e-3 * x[2]
+    x[3, : hidden // 2] += 500.0
+    x[3, hidden // 2 :] -= 500.0
     _check_layer_stats(x, platform)
 
 
