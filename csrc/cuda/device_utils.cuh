@@ -374,14 +374,26 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 __device__ __forceinline__ void fence_async_smem() {
   JRN_SM90(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
-// Waits for the phase of `bar` with the given parity to complete.
+// Waits for the phase of `bar` with the given parity to complete. CLUSTER:
+// the phase's bytes were stored by other CTAs of the cluster (st.async), so
+// the wait acquires at cluster scope.
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   JRN_SM90(unsigned done = 0; do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
+    if constexpr (CLUSTER) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_u32(bar)), "r"(parity)
+          : "memory");
+    }
   } while (!done));
 }
 
@@ -621,6 +633,69 @@ __device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int
   warp_sum<M>(v, 32, op);
 #endif
 }
+
+constexpr int kMaxCluster = 16;  // CTAs of a cluster at most (a non-portable size on sm_90)
+
+// The same cluster-wide sum with the partials pushed instead of pulled:
+// each CTA stores its M partials into slot `rank` of every CTA's exchange
+// (st.async from lane q to rank q, which counts the bytes on the receiving
+// CTA's mbarrier), and each CTA's threads wait on their own mbarrier and read the
+// slots from their own shared memory. No cluster barrier a row and no remote
+// loads. `parity` alternates as for cluster_sum: a CTA pushes into buffer p
+// again only after the exchange of buffer p ^ 1, which takes every CTA's
+// push of it, and each CTA pushes after the CTA barrier of its row_sum,
+// which follows its threads' reads of the buffer. Every thread of the
+// cluster constructs it (it holds a cluster barrier, so that no push lands
+// before the mbarriers are initialized); a kernel using it ends with
+// cluster_done(), as with cluster_sum.
+template <int M>
+struct ClusterPush {
+  float (*slots)[kMaxCluster][M];  // __shared__ float[2][kMaxCluster][M]
+  uint64_t* bars;                  // __shared__ uint64_t[2]
+  int size, rank;
+  unsigned phases = 0;  // bit p: the parity of buffer p's next phase
+
+  __device__ __forceinline__ ClusterPush(float (*s)[kMaxCluster][M], uint64_t* b, int cluster_size, int my_rank)
+      : slots(s), bars(b), size(cluster_size), rank(my_rank) {
+    if (size <= 1) return;
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      mbar_init(&bars[0]);
+      mbar_init(&bars[1]);
+    }
+    JRN_SM90(cooperative_groups::this_cluster().sync());
+  }
+  template <class Op = SumOp>
+  __device__ __forceinline__ void sum(float (&v)[M], int parity, Op op = {}) {
+#ifdef JRN_NO_CLUSTERS
+    __trap();
+#else
+    // Lane q of the first warp pushes to rank q (M = 2: one 8-byte store).
+    static_assert(M == 1 || M == 2, "ClusterPush: one or two values a row");
+    if (threadIdx.y == 0 && threadIdx.x < size) {
+      if (threadIdx.x == 0) mbar_expect(&bars[parity], static_cast<unsigned>(size * M * sizeof(float)));
+      const int q = static_cast<int>(threadIdx.x);
+      unsigned rslot, rbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(smem_u32(&slots[parity][rank][0])), "r"(q));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(&bars[parity])), "r"(q));
+      if constexpr (M == 1) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(rbar) : "memory");
+      } else {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");
+      }
+    }
+    mbar_wait<true>(&bars[parity], (phases >> parity) & 1u);
+    phases ^= 1u << parity;
+    // Lane q takes rank q's partials; the butterfly adds them in the same
+    // order in every warp of every CTA (as cluster_sum does).
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < M; ++m) v[m] = lane < size ? slots[parity][lane][m] : 0.f;
+    warp_sum<M>(v, 32, op);
+#endif
+  }
+};
 
 __device__ __forceinline__ void cluster_done() {
   JRN_SM90(cooperative_groups::this_cluster().sync());

@@ -41,18 +41,19 @@ constexpr int kReduceLanes = 32, kReduceSplit = 8, kReduceUnroll = 4;
 constexpr int64_t kReduceRows = kReduceSplit * kReduceUnroll;
 constexpr int kSliceItems = 4;  // packs per thread in bwd_slices
 constexpr int kSliceThreads = 512;
-constexpr int kMaxCluster = 16;
 
 // The row sums of the backward, acc = {sum(g * xhat), sum(g)}, g = dy * scale,
 // over the row's threads (and its cluster's CTAs): RMSNorm needs only the
 // first, so it reduces one value (the second is then dead code).
 template <NormKind K>
-__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem, float (*xchg)[2] = nullptr,
-                                              int cluster = 1, int buf = 0) {
-  constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
-  float(&sums)[kSums] = reinterpret_cast<float(&)[kSums]>(acc);
-  row_sum<kSums>(sums, smem);
-  if (cluster > 1) cluster_sum<kSums>(sums, reinterpret_cast<float(*)[kSums]>(xchg), buf);
+constexpr int kGradSums = K == NormKind::kLayer ? 2 : 1;
+
+template <NormKind K>
+__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
+                                              ClusterPush<kGradSums<K>>* exchange = nullptr, int buf = 0) {
+  float(&sums)[kGradSums<K>] = reinterpret_cast<float(&)[kGradSums<K>]>(acc);
+  row_sum<kGradSums<K>>(sums, smem);
+  if (exchange && exchange->size > 1) exchange->sum(sums, buf);
 }
 
 // The row's (c1, c2) = (mean(gdy * xhat), mean(gdy); c2 = 0 for RMSNorm):
@@ -241,8 +242,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
   extern __shared__ uint4 stages[];  // [2 stages][x, dy][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
-  __shared__ float xchg[2][2];
-  __shared__ alignas(8) uint64_t landed[2];
+  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K>];
+  __shared__ alignas(8) uint64_t landed[2], pushed[2];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int rank = static_cast<int>(blockIdx.x % cluster);
   const int64_t slot = blockIdx.x / cluster;
@@ -258,6 +259,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   const int64_t slice_elems = std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - first);
   const unsigned slice_bytes = slice_elems > 0 ? static_cast<unsigned>(slice_elems * sizeof(T)) : 0u;
   BulkStages ring(landed);
+  ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
   auto prefetch = [&](int64_t r, int st) {
     if (threadIdx.x == 0 && r < rpg && slice_bytes > 0) {
       const int64_t off = (row0 + r) * H + first;
@@ -310,7 +312,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
         }
       }
     }
-    grad_row_sums<K>(acc, smem, xchg, cluster, st);
+    grad_row_sums<K>(acc, smem, &exchange, st);
     if constexpr (!EARLY) {
       ring.order_refill_after_reduction();  // one-warp CTAs: hidden 1024 in bf16
       prefetch(r + l.used, st ^ 1);

@@ -44,7 +44,6 @@ constexpr int kRegItems = 4;        // packs per thread in fwd_regs
 constexpr int kMaxRowThreads = 1024;
 constexpr int kStreamThreads = 512;
 constexpr int kBlockThreads = 256;  // target CTA size for narrow rows
-constexpr int kMaxCluster = 16;
 constexpr int kClusterCtaThreads = 512;
 // FP8 output keeps more live per thread: at most this many threads per CTA
 // (wider rows take clusters), and at least two such CTAs resident per SM. The
@@ -623,9 +622,9 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   using RedOp = std::conditional_t<kRowMaxFirst, SumAbsMaxOp, SumOp>;
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
-  __shared__ float xchg[2][kRed];
+  __shared__ alignas(8) float xchg[2][kMaxCluster][kRed];
   __shared__ float xmax[2][1];  // the row maxima's own exchange slots (kRow)
-  __shared__ alignas(8) uint64_t landed[2];
+  __shared__ alignas(8) uint64_t landed[2], pushed[2];
   const int64_t H = a.shape.hidden, rows = a.shape.rows;
   const int rank = static_cast<int>(blockIdx.x % cluster);
   const int64_t slot = blockIdx.x / cluster;
@@ -638,6 +637,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   const int64_t slice_elems = std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - first);
   const unsigned slice_bytes = slice_elems > 0 ? static_cast<unsigned>(slice_elems * sizeof(T)) : 0u;
   BulkStages ring(landed);
+  ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
   auto prefetch = [&](int64_t r, int st) {
     if (threadIdx.x == 0 && r < rows && slice_bytes > 0) {
       ring.fill<1>(st, {stages + st * packs}, {static_cast<const T*>(a.x) + r * H + first}, slice_bytes);
@@ -707,7 +707,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
       }
     }
     row_sum<kRed>(acc, smem, RedOp{});
-    if (cluster > 1) cluster_sum<kRed>(acc, xchg, st, RedOp{});
+    if (cluster > 1) exchange.sum(acc, st, RedOp{});
     if constexpr (ONE_CTA) ring.order_refill_after_reduction();  // the only CTAs of one warp here
     prefetch(row + used, st ^ 1);
     const float m1 = K == NormKind::kLayer ? acc[kSums - 1] / static_cast<float>(H) : 0.f;
