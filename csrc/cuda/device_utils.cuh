@@ -607,7 +607,10 @@ __device__ __forceinline__ void row_sum_lead(float (&v)[M], float* smem) {
 // `parity`, so one cluster barrier per call suffices: a slot is rewritten only
 // after the next barrier, which every reader of the old value has passed.
 // Before exiting, a kernel must cluster-sync once more (cluster_done) so that
-// no CTA leaves while another still reads its shared memory.
+// no CTA leaves while another still reads its shared memory. Kernels that
+// walk many rows per cluster (fwd_slices, bwd_slices) take ClusterPush below
+// instead; cluster_sum stays for those with one row per cluster, where the
+// push was not measured.
 
 
 template <int M, class Op = SumOp>
@@ -647,7 +650,9 @@ constexpr int kMaxCluster = 16;  // CTAs of a cluster at most (a non-portable si
 // which follows its threads' reads of the buffer. Every thread of the
 // cluster constructs it (it holds a cluster barrier, so that no push lands
 // before the mbarriers are initialized); a kernel using it ends with
-// cluster_done(), as with cluster_sum.
+// cluster_done(), as with cluster_sum. Against cluster_sum in the persistent
+// kernels (H100, bf16, same-call A/B, us): 512x262144 backward RMSNorm 455 ->
+// 369, LayerNorm 548 -> 415; 2048x65536 backward 381 -> 349 and 419 -> 379.
 template <int M>
 struct ClusterPush {
   float (*slots)[kMaxCluster][M];  // __shared__ float[2][kMaxCluster][M]

@@ -10,8 +10,8 @@
 // sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
 // CTA or a thread block cluster that walks its rows, each CTA bulk-copying its
 // slice of the next row into shared memory and keeping its dgamma sums in
-// registers; row sums combined across the cluster through distributed shared
-// memory), and bwd_stream (the rest: rows streamed twice).
+// registers; row sums pushed across the cluster into each CTA's shared memory,
+// ClusterPush), and bwd_stream (the rest: rows streamed twice).
 //
 // dgamma/dbeta are reduced without atomics: each "slot" (one row of threads of
 // a CTA) walks a fixed set of rows and keeps its column sums, written to its

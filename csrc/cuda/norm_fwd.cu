@@ -553,7 +553,10 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // packs, no residual): like bwd_slices, persistent slots of `cluster` CTAs
 // walk the rows; each CTA's
 // slice of x (contiguous) arrives by bulk copy in one of two shared-memory
-// stages while the previous row is normalized from the other. The stage is
+// stages while the previous row is normalized from the other. A cluster's
+// CTAs push their row sums to each other (ClusterPush) instead of meeting at
+// a cluster barrier each row (H100, bf16, same-call A/B: 512x262144 RMSNorm
+// 251 -> 216 us, LayerNorm 328 -> 253; 65536 level). The stage is
 // refilled right after the row reduction (its barrier orders the previous
 // row's reads first; a barrier of its own at the top of the row measured
 // slower here). Rows then need no registers of their own (three CTAs per
