@@ -124,6 +124,40 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
     _check(kind, dtype, shape, platform, dtype, False, kind == "layer", case_key((kind, shape)))
 
 
+# Rows of a cluster's walk whose sums differ by orders of magnitude: each
+# row is scaled by 2^-5 .. 2^5 and, within it, each 16384-column block (one
+# CTA's slice of a bf16 row in fwd_slices / bwd_slices) by 1, 2 or 3, drawn
+# per row and block. A CTA
+# that took a partial sum of another row, or of a stale exchange buffer,
+# would be off by a large factor, not by sampling noise as with rows drawn
+# alike.
+@pytest.mark.parametrize("shape", [(500, 65536), (72, 262144)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_of_unlike_scales(kind, shape, platform):
+    rows, hidden = shape
+    key = case_key(("unlike", kind, shape))
+    # Drawn, not a pattern in the row index: a cluster walks rows a fixed
+    # stride apart (the number of clusters), which a pattern could match.
+    rng = np.random.default_rng(key)
+    row_scale = 2.0 ** rng.integers(-5, 6, size=rows)
+    block_scale = 1.0 + rng.integers(0, 3, size=(rows, -(-hidden // 16384)))
+    scale = row_scale[:, None] * np.repeat(block_scale, 16384, axis=1)[:, :hidden]
+    x = (f64(random(key, shape, jnp.float32)) * scale).astype(np.float32)
+    x = jnp.asarray(x, jnp.bfloat16)
+    dy = random(key + 1, shape, jnp.bfloat16)
+    gamma = random(key + 2, (hidden,), jnp.bfloat16, scale=0.5, offset=1.0)
+    beta = random(key + 3, (hidden,), jnp.bfloat16, scale=0.5) if kind == "layer" else None
+    y, _, rstd, grads = _run(kind, platform, x, gamma, beta, dy, False)
+    y_ref, _, rstd_ref = ref_forward(kind, x, gamma, beta, EPS[kind])
+    assert_close(y, y_ref, jnp.bfloat16, f"{kind} {shape} y")
+    # rstd spans 2^10 over the rows: compared row by row, relative.
+    r, want = f64(rstd), rstd_ref
+    assert np.isfinite(r).all() and np.allclose(r, want, rtol=1e-3, atol=0), np.abs(r / want - 1).max()
+    # dx scales with rstd: each row divided by its rstd, then compared.
+    dx_ref, _, _ = ref_backward(kind, dy, x, gamma, EPS[kind])
+    assert_close(f64(grads[0]) / want[:, None], dx_ref / want[:, None], jnp.bfloat16, f"{kind} {shape} dx / rstd")
+
+
 # The CUDA backward sums dgamma/dbeta one of two ways: small groups (at most
 # _COLUMN_ROWS rows and _COLUMN_ELEMS elements) in a column kernel straight
 # from x and dy, larger ones through per-slot partial rows. Each shape here
