@@ -27,8 +27,9 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # an H100) for the two-pass forward of the residual add (fwd_add_stats,
 # fwd_apply), which also normalizes with given statistics.
 # At 262144, clusters of 16 CTAs exchange each row's sums (ClusterPush) for
-# several rows in turn. At 1024 (bf16), LayerNorm's per-tensor FP8 with parameters in x's dtype
-# (gamma and beta held across rows) takes CTAs of one warp, 32 a SM.
+# several rows in turn. At 1024 (bf16), LayerNorm's per-tensor FP8 with
+# parameters in x's dtype (gamma and beta held across rows) takes CTAs of one
+# warp, 32 a SM.
 MANY_ROWS = [(9000, 1024), (2000, 4096), (600, 16384), (300, 65536), (64, 262144)]
 
 

@@ -127,10 +127,9 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
 # Rows of a cluster's walk whose sums differ by orders of magnitude: each
 # row is scaled by 2^-5 .. 2^5 and, within it, each 16384-column block (one
 # CTA's slice of a bf16 row in fwd_slices / bwd_slices) by 1, 2 or 3, drawn
-# per row and block. A CTA
-# that took a partial sum of another row, or of a stale exchange buffer,
-# would be off by a large factor, not by sampling noise as with rows drawn
-# alike.
+# per row and block. A CTA that took a partial sum of another row, or of a
+# stale exchange buffer, would be off by a large factor, not by sampling
+# noise as with rows drawn alike.
 @pytest.mark.parametrize("shape", [(500, 65536), (72, 262144)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_of_unlike_scales(kind, shape, platform):
