@@ -377,25 +377,20 @@ __device__ __forceinline__ void fence_async_smem() {
 // Waits for the phase of `bar` with the given parity to complete. CLUSTER:
 // the phase's bytes were stored by other CTAs of the cluster (st.async), so
 // the wait acquires at cluster scope.
+#define JRN_TRY_WAIT(SEM)                                                                       \
+  "{\n .reg .pred p;\n mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n" \
+  " selp.u32 %0, 1, 0, p;\n}\n"
 template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
   JRN_SM90(unsigned done = 0; do {
     if constexpr (CLUSTER) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_u32(bar)), "r"(parity)
-          : "memory");
+      asm volatile(JRN_TRY_WAIT(".acquire.cluster") : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
     } else {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(smem_u32(bar)), "r"(parity)
-          : "memory");
+      asm volatile(JRN_TRY_WAIT("") : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
     }
   } while (!done));
 }
+#undef JRN_TRY_WAIT
 
 // Two shared-memory stages filled by bulk copies, for kernels that walk rows:
 // thread 0 fills a stage with N contiguous runs of `bytes` each, and every
@@ -669,8 +664,10 @@ struct ClusterPush {
     }
     JRN_SM90(cooperative_groups::this_cluster().sync());
   }
-  template <class Op = SumOp>
-  __device__ __forceinline__ void sum(float (&v)[M], int parity, Op op = {}) {
+  // The two halves of sum(), for callers that combine the slots their own
+  // way (LayerNorm's slice means in fwd_slices). push: this CTA's M partials
+  // to every CTA of the cluster.
+  __device__ __forceinline__ void push(const float (&v)[M], int parity) {
 #ifdef JRN_NO_CLUSTERS
     __trap();
 #else
@@ -690,15 +687,26 @@ struct ClusterPush {
                      ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");
       }
     }
+#endif
+  }
+  // take: waits for every CTA's push of buffer `parity`; lane q of each warp
+  // gets rank q's partials (0 for lanes past the cluster).
+  __device__ __forceinline__ void take(float (&v)[M], int parity) {
     mbar_wait<true>(&bars[parity], (phases >> parity) & 1u);
     phases ^= 1u << parity;
-    // Lane q takes rank q's partials; the butterfly adds them in the same
-    // order in every warp of every CTA (as cluster_sum does).
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int m = 0; m < M; ++m) v[m] = lane < size ? slots[parity][lane][m] : 0.f;
+  }
+  // Every thread gets the cluster-wide result of op over the CTAs' partials
+  // v, added by a butterfly in the same order in every warp of every CTA (as
+  // cluster_sum does). A cluster of one leaves v as it is.
+  template <class Op = SumOp>
+  __device__ __forceinline__ void sum(float (&v)[M], int parity, Op op = {}) {
+    if (size <= 1) return;
+    push(v, parity);
+    take(v, parity);
     warp_sum<M>(v, 32, op);
-#endif
   }
 };
 

@@ -53,7 +53,7 @@ __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
                                               ClusterPush<kGradSums<K>>* exchange = nullptr, int buf = 0) {
   float(&sums)[kGradSums<K>] = reinterpret_cast<float(&)[kGradSums<K>]>(acc);
   row_sum<kGradSums<K>>(sums, smem);
-  if (exchange && exchange->size > 1) exchange->sum(sums, buf);
+  if (exchange) exchange->sum(sums, buf);  // a cluster of one: nothing to add
 }
 
 // The row's (c1, c2) = (mean(gdy * xhat), mean(gdy); c2 = 0 for RMSNorm):

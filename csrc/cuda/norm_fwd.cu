@@ -565,7 +565,16 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
 // 218 us here). LayerNorm takes both sums in one pass around a shift near
-// the row's mean (layer_shift), as fwd_stream does: one reduction a row. The FP8
+// the mean of each CTA's slice (layer_shift, from the stage), one reduction
+// a row: the CTAs push their slice's mean and squared deviations, merged
+// by size. Against one shift for the whole row read from global memory
+// (same-call A/B, H100, bf16, us): 512x262144 256.1 / 256.8 -> 251.0 /
+// 249.2, 2048x65536 level (240.0 / 235.6 -> 236.2 / 236.0). Not taken:
+// issuing the next row's copy between the push and the wait (rms_fp8
+// 2048x65536 170.7 / 167.8 -> 175.9 / 173.5 us, ln_fp8 219.8 / 221.2 ->
+// 226.7 / 223.7; the rest level), and in bwd_slices loading the row's
+// rstd before the stage's wait (rms_bwd 2048x65536 349.4 / 351.9 -> 360.7
+// / 357.7). The FP8
 // outputs read y's inputs from the stage again for each pass they need (the
 // row's max, then the quantized store) instead of holding y in registers,
 // and per-tensor amax is merged once per CTA and tensor, not once per row.
@@ -637,8 +646,12 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   bool in[kSliceItems];
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
-  const int64_t slice_elems = std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - first);
-  const unsigned slice_bytes = slice_elems > 0 ? static_cast<unsigned>(slice_elems * sizeof(T)) : 0u;
+  // Columns of rank q's slice of the row (the last ranks' may be short, or empty).
+  auto slice_of = [&](int q) {
+    return std::max<int64_t>(std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - static_cast<int64_t>(q) * packs * VEC), 0);
+  };
+  const int64_t slice_elems = slice_of(rank);
+  const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
   ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
   auto prefetch = [&](int64_t r, int st) {
@@ -665,16 +678,12 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
     if (slice_bytes > 0) ring.wait(st);
-    // LayerNorm's shift, from the stage where it holds the whole row. Only
-    // the FP8 outputs take fwd_slices for rows of one CTA; the plain kernels
-    // do not compile the branch (with it, the float32-parameter one spilled).
+    // LayerNorm's shift: near the mean of this CTA's slice, read from its
+    // stage (no trip to L2 for elements of other CTAs' slices).
     float shift = 0.f;
     if constexpr (K == NormKind::kLayer) {
       const T* srow = reinterpret_cast<const T*>(stages + st * packs);
-      const T* xrow = static_cast<const T*>(a.x) + row * H;
-      shift = ONE_CTA || (Q != Quant::kNone && cluster == 1)
-                  ? layer_shift([&](int64_t c) { return to_float(srow[c]); }, H)
-                  : layer_shift([&](int64_t c) { return to_float(xrow[c]); }, H);
+      if (slice_elems > 0) shift = layer_shift([&](int64_t c) { return to_float(srow[c]); }, slice_elems);
     }
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
@@ -710,12 +719,39 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
       }
     }
     row_sum<kRed>(acc, smem, RedOp{});
-    if (cluster > 1) exchange.sum(acc, st, RedOp{});
+    float mean = 0.f, sq;  // sq: sum((x - mean)^2) over the row (RMSNorm: mean 0)
+    if constexpr (K == NormKind::kLayer) {
+      // Each CTA takes its slice's mean and squared deviations (around the
+      // slice's own shift, read from its stage), and the slices are merged
+      // weighted by their sizes (Chan et al.'s pairwise update, all at once).
+      float part[2] = {0.f, 0.f};  // {slice mean, slice sum of squared deviations}
+      if (slice_elems > 0) {
+        const float d = acc[1] / static_cast<float>(slice_elems);
+        part[0] = shift + d;
+        part[1] = fmaxf(acc[0] - acc[1] * d, 0.f);
+      }
+      if (cluster > 1) {
+        exchange.push(part, st);
+        exchange.take(part, st);  // lane q: rank q's slice
+        const float n = static_cast<float>(slice_of(threadIdx.x % 32));
+        float w[1] = {n * part[0]};
+        warp_sum<1>(w, 32);
+        mean = w[0] / static_cast<float>(H);
+        const float d = part[0] - mean;
+        float m2[1] = {part[1] + n * d * d};
+        warp_sum<1>(m2, 32);
+        sq = m2[0];
+      } else {
+        mean = part[0];
+        sq = part[1];
+      }
+    } else {
+      exchange.sum(acc, st, RedOp{});
+      sq = acc[0];
+    }
     if constexpr (ONE_CTA) ring.order_refill_after_reduction();  // the only CTAs of one warp here
     prefetch(row + used, st ^ 1);
-    const float m1 = K == NormKind::kLayer ? acc[kSums - 1] / static_cast<float>(H) : 0.f;
-    const float mean = shift + m1;
-    const float rstd = rsqrtf(fmaxf(acc[0] / static_cast<float>(H) - m1 * m1, 0.f) + a.eps);
+    const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
     // y of pack i (zeros past the row's end).
     auto normalized = [&](int i, float (&v)[VEC]) {
       if (in[i]) {
