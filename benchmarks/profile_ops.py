@@ -4,6 +4,11 @@ attach to: no timing here. Example, on a GPU machine:
     ncu --clock-control none --kernel-name regex:'fwd_|bwd_' --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
         python3 benchmarks/profile_ops.py rms_fp8 --rows 32768 --hidden 4096
+
+At 2^27 elements a tensor, kernel replay (ncu's default) saves and restores the
+device's memory around each pass: on an H100 (2026-11-25) four kernels of
+2048x65536 with five sections had not finished in 200 s. Profile fewer rows
+(still far beyond L2) or pass `--replay-mode application`.
 """
 
 from __future__ import annotations
