@@ -726,9 +726,9 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
       // weighted by their sizes (Chan et al.'s pairwise update, all at once).
       float part[2] = {0.f, 0.f};  // {slice mean, slice sum of squared deviations}
       if (slice_elems > 0) {
-        const float d = acc[1] / static_cast<float>(slice_elems);
-        part[0] = shift + d;
-        part[1] = fmaxf(acc[0] - acc[1] * d, 0.f);
+        const float2 mean_m2 = shifted_mean_m2({acc[1], acc[0]}, shift, slice_elems);
+        part[0] = mean_m2.x;
+        part[1] = mean_m2.y;
       }
       if (cluster > 1) {
         exchange.push(part, st);
