@@ -48,11 +48,16 @@ constexpr int kSliceThreads = 512;
 template <NormKind K>
 constexpr int kGradSums = K == NormKind::kLayer ? 2 : 1;
 
-template <NormKind K>
+// WIDE: row_sum_wide (bwd_slices).
+template <NormKind K, bool WIDE = false>
 __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
                                               ClusterPush<kGradSums<K>>* exchange = nullptr, int buf = 0) {
   float(&sums)[kGradSums<K>] = reinterpret_cast<float(&)[kGradSums<K>]>(acc);
-  row_sum<kGradSums<K>>(sums, smem);
+  if constexpr (WIDE) {
+    row_sum_wide<kGradSums<K>>(sums, smem);
+  } else {
+    row_sum<kGradSums<K>>(sums, smem);
+  }
   if (exchange) exchange->sum(sums, buf);  // a cluster of one: nothing to add
 }
 
@@ -312,7 +317,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
         }
       }
     }
-    grad_row_sums<K>(acc, smem, &exchange, st);
+    grad_row_sums<K, true>(acc, smem, &exchange, st);
     if constexpr (!EARLY) {
       ring.order_refill_after_reduction();  // one-warp CTAs: hidden 1024 in bf16
       prefetch(r + l.used, st ^ 1);

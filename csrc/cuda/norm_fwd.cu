@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   auto merge_tensor_max = [&]() {
     if (a.amax == nullptr || tensor < 0) return;
     float mm[1] = {tensor_max};
-    row_sum<1>(mm, smem, AbsMaxOp{});
+    row_sum_wide<1>(mm, smem, AbsMaxOp{});
     if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
@@ -718,7 +718,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
         }
       }
     }
-    row_sum<kRed>(acc, smem, RedOp{});
+    row_sum_wide<kRed>(acc, smem, RedOp{});
     float mean = 0.f, sq;  // sq: sum((x - mean)^2) over the row (RMSNorm: mean 0)
     if constexpr (K == NormKind::kLayer) {
       // Each CTA takes its slice's mean and squared deviations (around the
