@@ -770,12 +770,43 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
     const int64_t out = row * H + first;
     uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + out);  // FP8 outputs' row slice
     if constexpr (Q == Quant::kNone) {
+      // The common case, gamma (and LayerNorm's beta) without the
+      // zero-centred scale, in a loop of its own: nothing left to decide a
+      // pack (scale_shift's placeholder ones and predicated-off adds, eight
+      // each), beta's add in the fma, and for 16-bit y (v - mean) * rstd as
+      // one fma too (its rounding of mean * rstd is far below y's).
+      if (gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
+        T* const yrow = held(static_cast<T*>(a.y) + out);
+        const float shifted = -mean * rstd;
 #pragma unroll
-      for (int i = 0; i < kSliceItems; ++i) {
-        if (in[i]) {
-          float v[VEC];
-          normalized(i, v);
-          store_pack<VEC>(static_cast<T*>(a.y) + out + local(i), v);
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            float v[VEC], g[VEC];
+            read(st, i, v);
+            load_pack<VEC>(gamma + first + local(i), g);
+            if constexpr (K == NormKind::kLayer) {
+              float b[VEC];
+              load_pack<VEC>(beta + first + local(i), b);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                const float t = sizeof(T) < 4 ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
+                v[j] = fmaf(t, g[j], b[j]);
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
+            }
+            store_pack<VEC>(yrow + local(i), v);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            float v[VEC];
+            normalized(i, v);
+            store_pack<VEC>(static_cast<T*>(a.y) + out + local(i), v);
+          }
         }
       }
     } else if constexpr (Q == Quant::kTensor) {
