@@ -392,6 +392,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 }
 #undef JRN_TRY_WAIT
 
+// Columns of CTA `rank`'s slice of a row of `hidden` columns cut into
+// slices of `width` (fwd_slices, bwd_slices): the last ranks' may be short,
+// or empty.
+__device__ __forceinline__ int64_t slice_columns(int rank, int64_t width, int64_t hidden) {
+  return std::max<int64_t>(std::min<int64_t>(width, hidden - rank * width), 0);
+}
+
 // Two shared-memory stages filled by bulk copies, for kernels that walk rows:
 // thread 0 fills a stage with N contiguous runs of `bytes` each, and every
 // thread waits for a stage before reading it. The caller makes sure no thread

@@ -260,9 +260,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   auto stage = [&](int st, int tensor, int i) {
     return reinterpret_cast<const Vec*>(stages + (2 * st + tensor) * packs + i * blockDim.x + threadIdx.x);
   };
-  // The last CTAs of a cluster may own a partial slice, or none.
-  const int64_t slice_elems = std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - first);
-  const unsigned slice_bytes = slice_elems > 0 ? static_cast<unsigned>(slice_elems * sizeof(T)) : 0u;
+  const int64_t slice_elems = slice_columns(rank, static_cast<int64_t>(packs) * VEC, H);
+  const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
   ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
   auto prefetch = [&](int64_t r, int st) {

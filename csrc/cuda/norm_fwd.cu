@@ -646,10 +646,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   bool in[kSliceItems];
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
-  // Columns of rank q's slice of the row (the last ranks' may be short, or empty).
-  auto slice_of = [&](int q) {
-    return std::max<int64_t>(std::min<int64_t>(static_cast<int64_t>(packs) * VEC, H - static_cast<int64_t>(q) * packs * VEC), 0);
-  };
+  auto slice_of = [&](int q) { return slice_columns(q, static_cast<int64_t>(packs) * VEC, H); };
   const int64_t slice_elems = slice_of(rank);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
@@ -700,7 +697,9 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
         }
       }
     }
-    float acc[kRed] = {};  // sum((x - shift)^2), then sum(x - shift) or max |x * scale|
+    // RMSNorm: {sum(x^2)}, per-row FP8 {sum(x^2), max |x * scale|};
+    // LayerNorm: {sum(d), sum(d^2)}, d = x - shift (add_shifted_sums).
+    float acc[kRed] = {};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (in[i]) {
@@ -709,12 +708,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
         if constexpr (kRowMaxFirst) {  // RMSNorm: no shift
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
         } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float d = v[j] - shift;
-            acc[0] += d * d;
-            if constexpr (K == NormKind::kLayer) acc[kSums - 1] += d;
-          }
+          add_shifted_sums<kSums>(acc, v, shift);
         }
       }
     }
@@ -726,7 +720,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
       // weighted by their sizes (Chan et al.'s pairwise update, all at once).
       float part[2] = {0.f, 0.f};  // {slice mean, slice sum of squared deviations}
       if (slice_elems > 0) {
-        const float2 mean_m2 = shifted_mean_m2({acc[1], acc[0]}, shift, slice_elems);
+        const float2 mean_m2 = shifted_mean_m2(acc, shift, slice_elems);
         part[0] = mean_m2.x;
         part[1] = mean_m2.y;
       }
