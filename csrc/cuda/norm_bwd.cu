@@ -367,10 +367,12 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
     }
   };
-  // Only for slices of a cluster (hidden > kSliceVecs packs): on an H100,
-  // bf16, same call, the plain walk took LayerNorm's backward at 2048x65536
-  // from 356-358 to 343-348 us and RMSNorm's from 346-347 to 334-335, but at
-  // 8192x16384 (one CTA a row) it lost 3-5% (RMSNorm 299-300 -> 308-318).
+  // Only for slices of a cluster (hidden > kSliceVecs packs). Same-call A/B
+  // on an H100, bf16, us: at 2048x65536 LayerNorm's backward 357-360 -> 344-346
+  // and RMSNorm's 343-346 -> 333-335 (512x262144: 389-393 -> 372-374 and
+  // 364-365 -> 353); ungated, at 8192x16384 (one CTA a row, fold 4) it lost
+  // 3-5% (RMSNorm 299-300 -> 308-314, LayerNorm 304-308 -> 319-321), a loss
+  // not explained by the SASS (fewer instructions, no stack on this path).
   if (gamma != nullptr && !a.zero_centered && cluster > 1) {
     walk_rows(std::true_type{});
   } else {
