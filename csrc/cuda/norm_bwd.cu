@@ -337,10 +337,6 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
       float c1, c2;
       row_coefs<K>(a, row, true, acc, &c1, &c2);
-      // dx = rstd * (g - c2 - xhat * c1) with rstd folded into the constants;
-      // for 16-bit x, xhat = x * rstd - mean * rstd as one fma (its rounding of
-      // mean * rstd is far below x's).
-      const float k1 = -rstd * c1, k2 = -rstd * c2, shifted = -mean * rstd;
       T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
