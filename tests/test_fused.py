@@ -215,6 +215,26 @@ def test_fp8_rowwise(kind, dtype, shape, fmt, platform):
     # the row's largest |y| lands at (or within rounding of) the format's max
     np.testing.assert_allclose(np.abs(f64(q)).max(-1), m, rtol=FP8_RTOL[np.dtype(fmt)])
 
+
+# Per-row FP8 with many rows a cluster walks (the exchange buffers reused
+# row after row): 300x65536 on a GPU, a cluster of 4 CTAs a row.
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_rowwise_many_rows(kind, platform):
+    shape, fmt = (300, 65536), E4M3
+    key = case_key(("rmany", kind, shape))
+    x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    q, rs = jax.jit(_fp8_fn(kind, "row", out_dtype=fmt))(x_, g_, b_)
+    y = _ref_y(kind, x, gamma, beta)
+    what = f"{kind} {shape}"
+    np.testing.assert_allclose(f64(rs), ref_scales(np.abs(y).max(-1), fmt), rtol=2e-5, err_msg=what + " scales")
+    m = FP8_MAX[np.dtype(fmt)]
+    assert_fp8_close(q, np.clip(y / f64(rs)[..., None], -m, m), fmt, what + " q", y_error(y) / f64(rs)[..., None])
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
 @pytest.mark.parametrize("shape", [(5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)], ids=sid)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)

@@ -635,8 +635,10 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
   __shared__ alignas(8) float xchg[2][kMaxCluster][kRed];
-  __shared__ float xmax[2][1];  // the row maxima's own exchange slots (kRow)
-  __shared__ alignas(8) uint64_t landed[2], pushed[2];
+  // LayerNorm's per-row FP8: the row maxima's own exchange (its row max
+  // comes after the sums, from y).
+  __shared__ alignas(8) float xmax[2][kMaxCluster][1];
+  __shared__ alignas(8) uint64_t landed[2], pushed[2], max_pushed[2];
   const int64_t H = a.shape.hidden, rows = a.shape.rows;
   const int rank = static_cast<int>(blockIdx.x % cluster);
   const int64_t slot = blockIdx.x / cluster;
@@ -651,6 +653,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
   ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
+  ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st) {
     if (threadIdx.x == 0 && r < rows && slice_bytes > 0) {
       ring.fill<1>(st, {stages + st * packs}, {static_cast<const T*>(a.x) + r * H + first}, slice_bytes);
@@ -831,7 +834,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
           for (int j = 0; j < VEC; ++j) mm[0] = max_abs(mm[0], v[j]);
         }
         row_sum<1>(mm, smem, AbsMaxOp{});
-        if (cluster > 1) cluster_sum<1>(mm, xmax, st, AbsMaxOp{});
+        max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
       }
       const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
       const float inv = 1.f / scale;
