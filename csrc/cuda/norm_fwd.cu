@@ -765,25 +765,24 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
       }
     };
     const int64_t out = row * H + first;
-    uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + out);  // FP8 outputs' row slice
-    if constexpr (Q == Quant::kNone) {
-      // The common case, gamma (and LayerNorm's beta) without the
-      // zero-centred scale, in a loop of its own: nothing left to decide a
-      // pack (scale_shift's placeholder ones and predicated-off adds, eight
-      // each), beta's add in the fma, and for 16-bit y (v - mean) * rstd as
-      // one fma too (its rounding of mean * rstd is far below y's).
-      if (gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
-        T* const yrow = held(static_cast<T*>(a.y) + out);
-        const float shifted = -mean * rstd;
-#pragma unroll
-        for (int i = 0; i < kSliceItems; ++i) {
+    // The row's outputs, by pass: `plain` (a std::bool_constant) says gamma
+    // (and LayerNorm's beta) is given and the scale is not zero-centred.
+    // That common case runs in loops of its own, with nothing left to decide
+    // a pack (scale_shift's placeholder ones and predicated-off adds, eight
+    // each), beta's add in the fma, and for 16-bit y (v - mean) * rstd as one
+    // fma too (its rounding of mean * rstd is far below y's).
+    auto emit_row = [&](auto plain) {
+      // y of pack i (zeros past the row's end).
+      auto y_of = [&](int i, float (&v)[VEC]) {
+        if constexpr (decltype(plain)::value) {
           if (in[i]) {
-            float v[VEC], g[VEC];
+            float g[VEC];
             read(st, i, v);
             load_pack<VEC>(gamma + first + local(i), g);
             if constexpr (K == NormKind::kLayer) {
               float b[VEC];
               load_pack<VEC>(beta + first + local(i), b);
+              const float shifted = -mean * rstd;
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 const float t = sizeof(T) < 4 ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
@@ -793,78 +792,93 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
 #pragma unroll
               for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
             }
-            store_pack<VEC>(yrow + local(i), v);
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = 0.f;
           }
+        } else {
+          normalized(i, v);
         }
-      } else {
+      };
+      if constexpr (Q == Quant::kNone) {
+        T* const yrow = held(static_cast<T*>(a.y) + out);
 #pragma unroll
         for (int i = 0; i < kSliceItems; ++i) {
           if (in[i]) {
             float v[VEC];
-            normalized(i, v);
-            store_pack<VEC>(static_cast<T*>(a.y) + out + local(i), v);
+            y_of(i, v);
+            store_pack<VEC>(yrow + local(i), v);
+          }
+        }
+      } else {
+        uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + out);  // FP8 outputs' row slice
+        if constexpr (Q == Quant::kTensor) {
+          if (a.tensor_of(row) != tensor) {
+            merge_tensor_max();
+            tensor = a.tensor_of(row);
+            tensor_max = 0.f;
+            if (!a.no_output) tensor_scale = a.tensor_mul(tensor);
+          }
+#pragma unroll
+          for (int i = 0; i < kSliceItems; ++i) {
+            if (in[i]) {
+              float v[VEC];
+              y_of(i, v);
+              if (!a.no_output) store_q<VEC>(qrow + local(i), a.fp8, v, tensor_scale);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) tensor_max = max_abs(tensor_max, v[j]);
+            }
+          }
+        } else if constexpr (Q == Quant::kRow) {
+          float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
+          if constexpr (!kRowMaxFirst) {  // LayerNorm: y from the stage for the row's max, then again to quantize
+#pragma unroll
+            for (int i = 0; i < kSliceItems; ++i) {
+              float v[VEC];
+              y_of(i, v);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) mm[0] = max_abs(mm[0], v[j]);
+            }
+            row_sum<1>(mm, smem, AbsMaxOp{});
+            max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
+          }
+          const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+          const float inv = 1.f / scale;
+#pragma unroll
+          for (int i = 0; i < kSliceItems; ++i) {
+            if (in[i]) {
+              float v[VEC];
+              y_of(i, v);
+              store_q<VEC>(qrow + local(i), a.fp8, v, inv);
+            }
+          }
+          if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
+        } else if constexpr (Q == Quant::kGroup) {
+          // A group is lane_mask + 1 consecutive threads (a power of two of at
+          // most 32, and a CTA's slice a whole number of groups): its max by shuffles.
+          const Pow2Groups groups(a.group_size, VEC, H);
+#pragma unroll
+          for (int i = 0; i < kSliceItems; ++i) {
+            float v[VEC];
+            y_of(i, v);
+            float gm = 0.f;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
+            gm = groups.max_over_lanes(gm);
+            if (in[i]) {
+              const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+              store_q<VEC>(qrow + local(i), a.fp8, v, 1.f / scale);
+              if (groups.leader()) a.qscale[groups.index(row, first + local(i))] = scale;
+            }
           }
         }
       }
-    } else if constexpr (Q == Quant::kTensor) {
-      if (a.tensor_of(row) != tensor) {
-        merge_tensor_max();
-        tensor = a.tensor_of(row);
-        tensor_max = 0.f;
-        if (!a.no_output) tensor_scale = a.tensor_mul(tensor);
-      }
-#pragma unroll
-      for (int i = 0; i < kSliceItems; ++i) {
-        if (in[i]) {
-          float v[VEC];
-          normalized(i, v);
-          if (!a.no_output) store_q<VEC>(qrow + local(i), a.fp8, v, tensor_scale);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) tensor_max = max_abs(tensor_max, v[j]);
-        }
-      }
-    } else if constexpr (Q == Quant::kRow) {
-      float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
-      if constexpr (!kRowMaxFirst) {  // LayerNorm: y from the stage for the row's max, then again to quantize
-#pragma unroll
-        for (int i = 0; i < kSliceItems; ++i) {
-          float v[VEC];
-          normalized(i, v);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) mm[0] = max_abs(mm[0], v[j]);
-        }
-        row_sum<1>(mm, smem, AbsMaxOp{});
-        max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
-      }
-      const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
-      const float inv = 1.f / scale;
-#pragma unroll
-      for (int i = 0; i < kSliceItems; ++i) {
-        if (in[i]) {
-          float v[VEC];
-          normalized(i, v);
-          store_q<VEC>(qrow + local(i), a.fp8, v, inv);
-        }
-      }
-      if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
-    } else if constexpr (Q == Quant::kGroup) {
-      // A group is lane_mask + 1 consecutive threads (a power of two of at
-      // most 32, and a CTA's slice a whole number of groups): its max by shuffles.
-      const Pow2Groups groups(a.group_size, VEC, H);
-#pragma unroll
-      for (int i = 0; i < kSliceItems; ++i) {
-        float v[VEC];
-        normalized(i, v);
-        float gm = 0.f;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-        gm = groups.max_over_lanes(gm);
-        if (in[i]) {
-          const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-          store_q<VEC>(qrow + local(i), a.fp8, v, 1.f / scale);
-          if (groups.leader()) a.qscale[groups.index(row, first + local(i))] = scale;
-        }
-      }
+    };
+    // ONE_CTA's parameters are held packs: the general path alone.
+    if (!ONE_CTA && gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
+      if constexpr (!ONE_CTA) emit_row(std::true_type{});
+    } else {
+      emit_row(std::false_type{});
     }
     if (threadIdx.x == 0 && rank == 0) {
       a.rstd[row] = rstd;
@@ -1152,7 +1166,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor                     ? kSliceMinVecs
+                             : Q == Quant::kTensor || (K == NormKind::kLayer && Q == Quant::kRow) ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
