@@ -770,7 +770,12 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
     // That common case runs in loops of its own, with nothing left to decide
     // a pack (scale_shift's placeholder ones and predicated-off adds, eight
     // each), beta's add in the fma, and for 16-bit y (v - mean) * rstd as one
-    // fma too (its rounding of mean * rstd is far below y's).
+    // fma too (its rounding of mean * rstd is far below y's). For the FP8
+    // outputs, same-call A/B on an H200, bf16, us, one loop -> two: per row
+    // 2048x65536 LayerNorm 297.4 / 291.4 -> 260.7 / 257.9, RMSNorm 177.1 /
+    // 172.4 -> 173.7 / 167.8; 512x262144 LayerNorm 329.3 / 331.8 -> 293.1 /
+    // 291.5; per tensor (RMSNorm) 157.4 / 155.5 -> 144.2 / 147.1; per group
+    // 173.1 / 175.5 -> 164.2 / 165.1 (RMSNorm, 2048x65536).
     auto emit_row = [&](auto plain) {
       // y of pack i (zeros past the row's end).
       auto y_of = [&](int i, float (&v)[VEC]) {
@@ -1138,6 +1143,16 @@ constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
 constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
+// LayerNorm's per-row FP8 from kSliceMinVecs packs too, but for float16 x.
+// Same-call A/B on an H200, us, fwd_regs -> fwd_slices (two rounds each):
+// bf16 65536x2048 222.7 / 217.8 -> 210.0 / 205.8, 32768x4096 219.0 / 219.0
+// -> 199.3 / 199.2, 8192x16384 252.3 / 246.9 -> 224.0 / 220.3; float32
+// 32768x4096 306.8 / 312.6 -> 301.0 / 300.1, 8192x16384 418.0 / 418.0 ->
+// 361.0 / 359.9; float16 slower: 184.5 / 179.4 -> 196.6 / 197.9 and 211.0 /
+// 214.8 -> 223.3 / 224.7 (fwd_regs' float16 instance issues its loads of x
+// together; the bfloat16 one waits for each before the next, RESULTS 6s).
+template <NormKind K, Quant Q, class T>
+constexpr bool kSliceRowLn = K == NormKind::kLayer && Q == Quant::kRow && !std::is_same_v<T, __half>;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
@@ -1146,8 +1161,9 @@ constexpr int64_t kRegsCtaVecs =
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
-// scaling) from kSliceMinVecs packs a row (LayerNorm's with parameters held,
-// kSliceOneCtaMinVecs), otherwise rows wider than one CTA
+// scaling) and LayerNorm's per-row FP8 (kSliceRowLn) from kSliceMinVecs packs
+// a row (LayerNorm's per-tensor with parameters held, kSliceOneCtaMinVecs),
+// otherwise rows wider than one CTA
 // of fwd_regs. Measured on an H100, bf16, fwd_slices against fwd_regs:
 // per-tensor 165.7 / 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384
 // (263.8 us at 131072x1024 with 32-thread CTAs); per row 184.3 / 176.3 and
@@ -1166,7 +1182,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor || (K == NormKind::kLayer && Q == Quant::kRow) ? kSliceMinVecs
+                             : Q == Quant::kTensor || kSliceRowLn<K, Q, T> ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
@@ -1260,8 +1276,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     return check_launch("fwd_regs");
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
-  // wide for one CTA, and per-tensor FP8 output from kSliceMinVecs packs
-  // (LayerNorm's, parameters held, from kSliceOneCtaMinVecs).
+  // wide for one CTA, and per-tensor FP8 output (and LayerNorm's per row)
+  // from kSliceMinVecs packs (LayerNorm's per tensor, parameters held, from
+  // kSliceOneCtaMinVecs).
   if (slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
   if (two_pass_fits<K, Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
