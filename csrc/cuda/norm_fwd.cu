@@ -586,8 +586,9 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 constexpr int kSliceItems = 4;  // packs per thread and row in fwd_slices
 constexpr int kSliceThreads = 512;
 
-// Every variant is held to three CTAs of 512 threads per SM (at most 40
-// registers; none spills but the per-group ones, 8-32 bytes). Without the
+// Every variant but ONE_CTA and kSliceHoldY (two CTAs, 64 registers) is held
+// to three CTAs of 512 threads per SM (at most 40 registers; none spills but
+// the per-group ones, 8-32 bytes). Without the
 // bound the plain LayerNorm took 49 registers with float32 parameters (283.0
 // us against 257.3 with it, H100, bf16 x 2048x65536), and per row and per
 // group at 2048x65536 took 233.6 and 231.6 us against 215.1 and 220.4 with
@@ -617,8 +618,20 @@ constexpr int kSliceThreads = 512;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
 
+// LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
+// passes (the row's max, then the quantization) instead of normalizing each
+// pack again: 32 registers more (64, no stack), two CTAs an SM. Same-call
+// A/B on an H200, bf16, us, two rounds each, again -> held: 65536x2048 209.9
+// / 207.4 -> 170.3 / 167.6, 32768x4096 205.1 / 200.2 -> 166.1 / 164.3,
+// 8192x16384 223.1 / 221.5 -> 174.4 / 173.1, 2048x65536 258.7 / 261.2 ->
+// 237.4 / 234.0, 512x262144 301.1 / 300.0 -> 269.6 / 266.3 (float16
+// 2048x65536 263.0 / 261.0 -> 235.5 / 235.4). float32 x (16 registers
+// more) lost at 8192x16384, 365.5 / 357.9 -> 377.2 / 376.0, and is not held.
+template <NormKind K, Quant Q, class T>
+constexpr bool kSliceHoldY = K == NormKind::kLayer && Q == Quant::kRow && sizeof(T) == 2;
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false>
-__global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
+__global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
@@ -836,13 +849,17 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
           }
         } else if constexpr (Q == Quant::kRow) {
           float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
-          if constexpr (!kRowMaxFirst) {  // LayerNorm: y from the stage for the row's max, then again to quantize
+          float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];
+          if constexpr (!kRowMaxFirst) {  // LayerNorm: y for the row's max, held to quantize
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {
               float v[VEC];
               y_of(i, v);
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) mm[0] = max_abs(mm[0], v[j]);
+              for (int j = 0; j < VEC; ++j) {
+                mm[0] = max_abs(mm[0], v[j]);
+                if constexpr (kSliceHoldY<K, Q, T>) ys[i][j] = v[j];
+              }
             }
             row_sum<1>(mm, smem, AbsMaxOp{});
             max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
@@ -852,9 +869,13 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA ? 2 : 3)
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             if (in[i]) {
-              float v[VEC];
-              y_of(i, v);
-              store_q<VEC>(qrow + local(i), a.fp8, v, inv);
+              if constexpr (kSliceHoldY<K, Q, T>) {
+                store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
+              } else {
+                float v[VEC];
+                y_of(i, v);
+                store_q<VEC>(qrow + local(i), a.fp8, v, inv);
+              }
             }
           }
           if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
