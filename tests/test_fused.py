@@ -305,9 +305,9 @@ def test_fp8_current_params(kind, params, shape, platform):
                                    err_msg=wi + " scale_inv")
         assert_fp8_close(q3[i], np.clip(yi / float(si3[i]), -m, m), E4M3, wi + " q", y_error(yi) / float(si3[i]))
 
-def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None, group=None):
+def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None, group=None, zc=False):
     """q and its statistic (amax, scale_inv, row or group scales) against the float64 reference."""
-    y = _ref_y(kind, x, gamma, beta)
+    y = _ref_y(kind, x, gamma, beta, zc)
     m = FP8_MAX[np.dtype(fmt)]
     q, stat = outs[0], f64(outs[1])
     if quant == "tensor":
@@ -323,6 +323,37 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
         stat = stat.repeat(group, -1)
     np.testing.assert_allclose(stat if quant != "row" else stat[..., None], s, rtol=2e-5, err_msg=what + " scales")
     assert_fp8_close(q, np.clip(y / s, -m, m), fmt, what + " q", y_error(y) / s)
+
+
+# The FP8 outputs with parameters other than gamma (and LayerNorm's beta) as
+# given: the wide-row kernel (fwd_slices) has a loop of its own for that common
+# case and takes these through the general one. float32 gamma for bf16 x,
+# zero-centred gamma, LayerNorm without beta, no parameters; rows of one CTA
+# (4096) and of a cluster (65536).
+@pytest.mark.parametrize("shape", [(32, 4096), (4, 65536)], ids=sid)
+@pytest.mark.parametrize("kind,params", [("rms", "f32"), ("rms", "zero_centered"), ("rms", "none"),
+                                         ("layer", "f32"), ("layer", "zero_centered"), ("layer", "no_beta"),
+                                         ("layer", "none")])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
+def test_fp8_params(kind, params, quant, shape, platform):
+    key = case_key(("fp", kind, params, quant, shape))
+    x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key, pdtype=jnp.float32 if params == "f32" else None)
+    zc = params == "zero_centered"
+    if zc:
+        gamma = (gamma.astype(jnp.float32) - 1.0).astype(gamma.dtype)  # 1 + gamma near 1
+    if params in ("no_beta", "none"):
+        beta = None
+    if params == "none":
+        gamma = None
+    kw = dict(group_size=128) if quant == "group" else {}
+    scale = np.float32(37.5)
+    f = _fp8_fn(kind, quant, out_dtype=E4M3, zero_centered_gamma=zc, **kw)
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    outs = jax.jit(f)(x_, g_, b_, **(dict(scale=scale) if quant == "tensor" else {}))
+    _check_fp8_outputs(kind, quant, x, gamma, beta, outs, E4M3, f"{kind} {params} {quant} {shape}",
+                       scale=scale, group=128, zc=zc)
 
 
 # More rows than the GPU's persistent slots: the FP8 forward walks several

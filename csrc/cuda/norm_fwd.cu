@@ -849,7 +849,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
           }
         } else if constexpr (Q == Quant::kRow) {
           float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
-          float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];
+          [[maybe_unused]] float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];  // y held (kSliceHoldY)
           if constexpr (!kRowMaxFirst) {  // LayerNorm: y for the row's max, held to quantize
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {
@@ -1164,16 +1164,19 @@ constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
 constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
-// LayerNorm's per-row FP8 from kSliceMinVecs packs too, but for float16 x.
-// Same-call A/B on an H200, us, fwd_regs -> fwd_slices (two rounds each):
-// bf16 65536x2048 222.7 / 217.8 -> 210.0 / 205.8, 32768x4096 219.0 / 219.0
-// -> 199.3 / 199.2, 8192x16384 252.3 / 246.9 -> 224.0 / 220.3; float32
-// 32768x4096 306.8 / 312.6 -> 301.0 / 300.1, 8192x16384 418.0 / 418.0 ->
-// 361.0 / 359.9; float16 slower: 184.5 / 179.4 -> 196.6 / 197.9 and 211.0 /
-// 214.8 -> 223.3 / 224.7 (fwd_regs' float16 instance issues its loads of x
-// together; the bfloat16 one waits for each before the next, RESULTS 6s).
-template <NormKind K, Quant Q, class T>
-constexpr bool kSliceRowLn = K == NormKind::kLayer && Q == Quant::kRow && !std::is_same_v<T, __half>;
+// LayerNorm's per-row FP8 from kSliceMinVecs packs too. Same-call A/B on an
+// H200, us, fwd_regs -> fwd_slices (two rounds each), before fwd_slices held
+// y (kSliceHoldY): bf16 65536x2048 222.7 / 217.8 -> 210.0 / 205.8,
+// 32768x4096 219.0 / 219.0 -> 199.3 / 199.2, 8192x16384 252.3 / 246.9 ->
+// 224.0 / 220.3; float32 32768x4096 306.8 / 312.6 -> 301.0 / 300.1,
+// 8192x16384 418.0 / 418.0 -> 361.0 / 359.9; float16 slower, 184.5 / 179.4
+// -> 196.6 / 197.9 and 211.0 / 214.8 -> 223.3 / 224.7 (fwd_regs' float16
+// instance issues its loads of x together; the bfloat16 one waits for each
+// before the next, RESULTS 6s). With y held, float16 too: 65536x2048 176.0
+// / 175.2 -> 168.0 / 166.6, 32768x4096 178.7 / 179.7 -> 168.1 / 166.1,
+// 8192x16384 214.6 / 210.0 -> 172.7 / 176.2.
+template <NormKind K, Quant Q>
+constexpr bool kSliceRowLn = K == NormKind::kLayer && Q == Quant::kRow;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
@@ -1203,7 +1206,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor || kSliceRowLn<K, Q, T> ? kSliceMinVecs
+                             : Q == Quant::kTensor || kSliceRowLn<K, Q> ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
