@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
       exchange.sum(acc, st, RedOp{});
       sq = acc[0];
     }
-    if constexpr (ONE_CTA) ring.order_refill_after_reduction();  // the only CTAs of one warp here
+    if constexpr (ONE_CTA || kSliceHoldY<K, Q, T>) ring.order_refill_after_reduction();  // the only CTAs of one warp
     prefetch(row + used, st ^ 1);
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
     // y of pack i (zeros past the row's end).
@@ -1177,6 +1177,11 @@ constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
 // 8192x16384 214.6 / 210.0 -> 172.7 / 176.2.
 template <NormKind K, Quant Q>
 constexpr bool kSliceRowLn = K == NormKind::kLayer && Q == Quant::kRow;
+// bf16's from kSliceOneCtaMinVecs (CTAs of one warp at hidden 1024): H200,
+// 131072x1024, 199.8 / 195.1 -> 158.3 / 159.0 us; float16's stays in
+// fwd_regs there (157.0 / 157.6 against 163.2 / 159.6).
+template <NormKind K, Quant Q, class T>
+constexpr bool kSliceRowLnWarp = kSliceRowLn<K, Q> && std::is_same_v<T, __nv_bfloat16>;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
@@ -1186,7 +1191,8 @@ constexpr int64_t kRegsCtaVecs =
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
 // scaling) and LayerNorm's per-row FP8 (kSliceRowLn) from kSliceMinVecs packs
-// a row (LayerNorm's per-tensor with parameters held, kSliceOneCtaMinVecs),
+// a row (LayerNorm's per-tensor with parameters held and its per-row in
+// bf16, kSliceOneCtaMinVecs),
 // otherwise rows wider than one CTA
 // of fwd_regs. Measured on an H100, bf16, fwd_slices against fwd_regs:
 // per-tensor 165.7 / 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384
@@ -1205,7 +1211,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
     return false;
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
-    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC>               ? kSliceOneCtaMinVecs
+    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
                              : Q == Quant::kTensor || kSliceRowLn<K, Q> ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
