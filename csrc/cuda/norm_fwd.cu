@@ -1164,24 +1164,29 @@ constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
 constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
-// LayerNorm's per-row FP8 from kSliceMinVecs packs too. Same-call A/B on an
-// H200, us, fwd_regs -> fwd_slices (two rounds each), before fwd_slices held
-// y (kSliceHoldY): bf16 65536x2048 222.7 / 217.8 -> 210.0 / 205.8,
-// 32768x4096 219.0 / 219.0 -> 199.3 / 199.2, 8192x16384 252.3 / 246.9 ->
-// 224.0 / 220.3; float32 32768x4096 306.8 / 312.6 -> 301.0 / 300.1,
-// 8192x16384 418.0 / 418.0 -> 361.0 / 359.9; float16 slower, 184.5 / 179.4
-// -> 196.6 / 197.9 and 211.0 / 214.8 -> 223.3 / 224.7 (fwd_regs' float16
-// instance issues its loads of x together; the bfloat16 one waits for each
-// before the next, RESULTS 6s). With y held, float16 too: 65536x2048 176.0
-// / 175.2 -> 168.0 / 166.6, 32768x4096 178.7 / 179.7 -> 168.1 / 166.1,
-// 8192x16384 214.6 / 210.0 -> 172.7 / 176.2.
-template <NormKind K, Quant Q>
-constexpr bool kSliceRowLn = K == NormKind::kLayer && Q == Quant::kRow;
-// bf16's from kSliceOneCtaMinVecs (CTAs of one warp at hidden 1024): H200,
-// 131072x1024, 199.8 / 195.1 -> 158.3 / 159.0 us; float16's stays in
-// fwd_regs there (157.0 / 157.6 against 163.2 / 159.6).
+// Per-row FP8 from kSliceMinVecs packs too. Same-call A/B on an H200, us,
+// fwd_regs -> fwd_slices, two rounds each:
+//  * LayerNorm, before fwd_slices held y (kSliceHoldY): bf16 65536x2048
+//    222.7 / 217.8 -> 210.0 / 205.8, 32768x4096 219.0 / 219.0 -> 199.3 /
+//    199.2, 8192x16384 252.3 / 246.9 -> 224.0 / 220.3; float32 32768x4096
+//    306.8 / 312.6 -> 301.0 / 300.1, 8192x16384 418.0 / 418.0 -> 361.0 /
+//    359.9; float16 slower, 184.5 / 179.4 -> 196.6 / 197.9 and 211.0 / 214.8
+//    -> 223.3 / 224.7 (fwd_regs' float16 instance issues its loads of x
+//    together; the bfloat16 one waits for each before the next, RESULTS 6s).
+//    With y held, float16 too: 65536x2048 176.0 / 175.2 -> 168.0 / 166.6,
+//    32768x4096 178.7 / 179.7 -> 168.1 / 166.1, 8192x16384 214.6 / 210.0 ->
+//    172.7 / 176.2.
+//  * RMSNorm, after fwd_slices' plain loop: bf16 65536x2048 145.5 / 145.6 ->
+//    143.8 / 142.8, 32768x4096 146.1 / 150.6 -> 136.6 / 135.3, 16384x8192
+//    153.3 / 155.2 -> 141.7 / 142.6, 8192x16384 167.9 / 169.7 -> 150.0 /
+//    150.9; float16 32768x4096 148.6 / 146.6 -> 140.7 / 136.3, 8192x16384
+//    167.7 / 174.0 -> 147.3 / 147.1. (Before that loop, on an H100, it was
+//    slower: 184.3 / 176.3 us at 4096 and 198.3 / 193.8 at 16384.)
+// LayerNorm's in bf16 from kSliceOneCtaMinVecs (CTAs of one warp at hidden
+// 1024): H200, 131072x1024, 199.8 / 195.1 -> 158.3 / 159.0 us; float16's
+// stays in fwd_regs there (157.0 / 157.6 against 163.2 / 159.6).
 template <NormKind K, Quant Q, class T>
-constexpr bool kSliceRowLnWarp = kSliceRowLn<K, Q> && std::is_same_v<T, __nv_bfloat16>;
+constexpr bool kSliceRowLnWarp = K == NormKind::kLayer && Q == Quant::kRow && std::is_same_v<T, __nv_bfloat16>;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
@@ -1190,15 +1195,13 @@ constexpr int64_t kRegsCtaVecs =
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
-// scaling) and LayerNorm's per-row FP8 (kSliceRowLn) from kSliceMinVecs packs
-// a row (LayerNorm's per-tensor with parameters held and its per-row in
-// bf16, kSliceOneCtaMinVecs),
-// otherwise rows wider than one CTA
-// of fwd_regs. Measured on an H100, bf16, fwd_slices against fwd_regs:
-// per-tensor 165.7 / 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384
-// (263.8 us at 131072x1024 with 32-thread CTAs); per row 184.3 / 176.3 and
-// 198.3 / 193.8 (fwd_slices: 233.1 us at 2048x65536, 315.9 with the row's
-// max in a reduction of its own); per group 252.9 / 239.2 and 241.7 / 252.8.
+// scaling) and per-row FP8 from kSliceMinVecs packs a row (LayerNorm's
+// per-tensor with parameters held and its per-row in bf16 from
+// kSliceOneCtaMinVecs), otherwise rows wider than one CTA of fwd_regs.
+// Measured on an H100, bf16, fwd_slices against fwd_regs: per-tensor 165.7 /
+// 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384 (263.8 us at
+// 131072x1024 with 32-thread CTAs); per group 252.9 / 239.2 and 241.7 /
+// 252.8 (per row: above).
 // RMSNorm's per-group FP8 also from rows that fill one CTA of fwd_regs
 // (hidden 16384 in bf16): at 8192x16384 bf16, groups of 128, 175.1 / 176.3
 // us against fwd_regs' 182.8 / 181.7 (H100, same build, two rounds; 77-78%
@@ -1212,7 +1215,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor || kSliceRowLn<K, Q> ? kSliceMinVecs
+                             : Q == Quant::kTensor || Q == Quant::kRow ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
                                                                        : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
@@ -1306,9 +1309,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     return check_launch("fwd_regs");
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
-  // wide for one CTA, and per-tensor FP8 output (and LayerNorm's per row)
-  // from kSliceMinVecs packs (LayerNorm's per tensor, parameters held, from
-  // kSliceOneCtaMinVecs).
+  // wide for one CTA, and per-tensor and per-row FP8 output from
+  // kSliceMinVecs packs (LayerNorm's per tensor, parameters held, and its
+  // per row in bf16 from kSliceOneCtaMinVecs).
   if (slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) return launch_fwd_slices<K, Q, T, P, VEC>(stream, a, nvec);
   // With a residual or given statistics: two passes, each at about a copy's speed.
   if (two_pass_fits<K, Q, T, VEC, XQ>(a, nvec, kCtaVecs)) return launch_fwd_two_pass<K, Q, T, P, VEC>(stream, a, nvec);
