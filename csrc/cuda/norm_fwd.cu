@@ -762,21 +762,6 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
     if constexpr (ONE_CTA || kSliceHoldY<K, Q, T>) ring.order_refill_after_reduction();  // the only CTAs of one warp
     prefetch(row + used, st ^ 1);
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
-    // y of pack i (zeros past the row's end).
-    auto normalized = [&](int i, float (&v)[VEC]) {
-      if (in[i]) {
-        read(st, i, v);
-        if constexpr (ONE_CTA) {
-          const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
-          scale_shift_packs<VEC>(v, mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
-        } else {
-          scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = 0.f;
-      }
-    };
     const int64_t out = row * H + first;
     // The row's outputs, by pass: `plain` (a std::bool_constant) says gamma
     // (and LayerNorm's beta) is given and the scale is not zero-centred.
@@ -792,30 +777,33 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
     auto emit_row = [&](auto plain) {
       // y of pack i (zeros past the row's end).
       auto y_of = [&](int i, float (&v)[VEC]) {
+        if (!in[i]) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[j] = 0.f;
+          return;
+        }
+        read(st, i, v);
         if constexpr (decltype(plain)::value) {
-          if (in[i]) {
-            float g[VEC];
-            read(st, i, v);
-            load_pack<VEC>(gamma + first + local(i), g);
-            if constexpr (K == NormKind::kLayer) {
-              float b[VEC];
-              load_pack<VEC>(beta + first + local(i), b);
-              const float shifted = -mean * rstd;
+          float g[VEC];
+          load_pack<VEC>(gamma + first + local(i), g);
+          if constexpr (K == NormKind::kLayer) {
+            float b[VEC];
+            load_pack<VEC>(beta + first + local(i), b);
+            const float shifted = -mean * rstd;
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-                const float t = sizeof(T) < 4 ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
-                v[j] = fmaf(t, g[j], b[j]);
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
+            for (int j = 0; j < VEC; ++j) {
+              const float t = sizeof(T) < 4 ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
+              v[j] = fmaf(t, g[j], b[j]);
             }
           } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = 0.f;
+            for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
           }
+        } else if constexpr (ONE_CTA) {
+          const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
+          scale_shift_packs<VEC>(v, mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
         } else {
-          normalized(i, v);
+          scale_shift<VEC>(v, mean, rstd, gamma, beta, first + local(i), a.zero_centered);
         }
       };
       if constexpr (Q == Quant::kNone) {
@@ -900,9 +888,10 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
         }
       }
     };
-    // ONE_CTA's parameters are held packs: the general path alone.
-    if (!ONE_CTA && gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
-      if constexpr (!ONE_CTA) emit_row(std::true_type{});
+    if constexpr (ONE_CTA) {  // its parameters are held packs: the general path alone
+      emit_row(std::false_type{});
+    } else if (gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
+      emit_row(std::true_type{});
     } else {
       emit_row(std::false_type{});
     }
