@@ -30,6 +30,21 @@ def _params(kind, hidden, dtype, key, pdtype=None):
     return gamma, beta
 
 
+def _param_case(kind, params, hidden, dtype, key):
+    """(gamma, beta, zero_centered) of a parameter case other than the common
+    one: "f32" (float32 parameters for 16-bit x), "zero_centered" (1 + gamma
+    near 1), "no_beta" (LayerNorm without beta), "none" (no parameters)."""
+    gamma, beta = _params(kind, hidden, dtype, key, pdtype=jnp.float32 if params == "f32" else None)
+    zc = params == "zero_centered"
+    if zc:
+        gamma = (gamma.astype(jnp.float32) - 1.0).astype(gamma.dtype)  # 1 + gamma near 1
+    if params in ("no_beta", "none"):
+        beta = None
+    if params == "none":
+        gamma = None
+    return gamma, beta, zc
+
+
 def _ref_y(kind, x, gamma, beta, zc=False):
     return ref_forward(kind, x, gamma, beta, EPS[kind], zc)[0]
 
@@ -272,12 +287,7 @@ def test_fp8_current_params(kind, params, shape, platform):
     key = case_key(("cp", kind, params, shape))
     dtype = jnp.bfloat16
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
-    gamma, beta = _params(kind, shape[-1], dtype, key, pdtype=jnp.float32 if params == "f32" else None)
-    zc = params == "zero_centered"
-    if zc:
-        gamma = (gamma.astype(jnp.float32) - 1.0).astype(gamma.dtype)  # 1 + gamma near 1
-    if params == "none":
-        gamma = beta = None
+    gamma, beta, zc = _param_case(kind, params, shape[-1], dtype, key)
     f = _fp8_fn(kind, "current", zero_centered_gamma=zc)
     x_, g_, b_ = put(platform, x, gamma, beta)
     poison(platform, 8 * x.size + 1024)
@@ -338,14 +348,7 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
 def test_fp8_params(kind, params, quant, shape, platform):
     key = case_key(("fp", kind, params, quant, shape))
     x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
-    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key, pdtype=jnp.float32 if params == "f32" else None)
-    zc = params == "zero_centered"
-    if zc:
-        gamma = (gamma.astype(jnp.float32) - 1.0).astype(gamma.dtype)  # 1 + gamma near 1
-    if params in ("no_beta", "none"):
-        beta = None
-    if params == "none":
-        gamma = None
+    gamma, beta, zc = _param_case(kind, params, shape[-1], jnp.bfloat16, key)
     kw = dict(group_size=128) if quant == "group" else {}
     scale = np.float32(37.5)
     f = _fp8_fn(kind, quant, out_dtype=E4M3, zero_centered_gamma=zc, **kw)
