@@ -210,6 +210,8 @@ def check(op, got, want, dt, mode, fmt):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--param-dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                    help="gamma and beta (default: x's dtype)")
     ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
     ap.add_argument("--elements", type=int, default=1 << 27, help="rows * hidden")
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
@@ -225,12 +227,17 @@ def main():
     ap.add_argument("--fwdbwd-drop-h", action="store_true",
                     help="*_fwdbwd without h among the outputs (the definition before 2026-11-24)")
     args = ap.parse_args()
+    if args.param_dtype and any(op.startswith("fp8in") for op in args.ops):
+        # They write y in the parameters' dtype, so their bytes would change too.
+        print("--param-dtype: the fp8in ops are left out")
+        args.ops = [op for op in args.ops if not op.startswith("fp8in")]
     if args.quick:
         args.hidden, args.elements, args.iters, args.reps = [256, 1024], 1 << 14, 2, 2
 
     dev = jax.devices(args.device)[0] if args.device else jax.devices()[0]
     dt = jnp.dtype(args.dtype)
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  fp8 {args.fp8}")
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  "
+          f"params {args.param_dtype or dt.name}  fp8 {args.fp8}")
     print(f"{'op':16} {'shape':>14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'jnp us':>9} {'vs jnp':>7} "
           f"{'plain us':>9} {'plain/fused':>11}")
     rows_out = []
@@ -241,8 +248,9 @@ def main():
             xs = [jax.random.normal(keys[3 * i], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
             rs = [jax.random.normal(keys[3 * i + 1], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
             dys = [jax.random.normal(keys[3 * i + 2], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
-            g = (1.0 + 0.1 * jax.random.normal(keys[-2], (h,), jnp.float32)).astype(dt)
-            b = (0.1 * jax.random.normal(keys[-1], (h,), jnp.float32)).astype(dt)
+            pdt = jnp.dtype(args.param_dtype) if args.param_dtype else dt
+            g = (1.0 + 0.1 * jax.random.normal(keys[-2], (h,), jnp.float32)).astype(pdt)
+            b = (0.1 * jax.random.normal(keys[-1], (h,), jnp.float32)).astype(pdt)
             s = dt.itemsize
             copy_t = copy_seconds(xs, dev, args.iters, args.reps)
             copy_bw = 2 * m * h * s / copy_t

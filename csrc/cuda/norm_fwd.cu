@@ -627,15 +627,24 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // 237.4 / 234.0, 512x262144 301.1 / 300.0 -> 269.6 / 266.3 (float16
 // 2048x65536 263.0 / 261.0 -> 235.5 / 235.4). float32 x (16 registers
 // more) lost at 8192x16384, 365.5 / 357.9 -> 377.2 / 376.0, and is not held.
+// With y held the row's stage is free after the first pass, so rows of a
+// cluster refill it with the row after next at the row's end
+// (REFILL_AT_END): H200, bf16, us, 2048x65536 239.4 / 240.3 -> 226.8 /
+// 225.4, 512x262144 269.8 / 270.3 -> 236.6 / 242.3, float32 parameters
+// 2048x65536 264.4 / 263.6 -> 246.0 / 248.9, float16 2048x65536 238.5 /
+// 241.3 -> 230.0 / 230.6. With one CTA a row the same refill (at the row's
+// top or after the first pass) lost: 32768x4096 with float32 parameters
+// 173.1 / 172.9 -> 187.9 / 188.9, 65536x2048 168.3 / 168.1 -> 178.1 / 174.3.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceHoldY = K == NormKind::kLayer && Q == Quant::kRow && sizeof(T) == 2;
 
-template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false>
 __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
+  static_assert(!REFILL_AT_END || kSliceHoldY<K, Q, T>, "fwd_slices: REFILL_AT_END needs y held");
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -687,7 +696,13 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
     if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
+  // REFILL_AT_END (rows of a cluster with y held, kSliceHoldY): a row's
+  // stage, last read in its first pass (row_sum's barrier since), takes the
+  // row after next at the row's end, not the next row after the reduction:
+  // two rows' copies in flight while one is normalized, in the same two
+  // stages (see kSliceHoldY for the measurements).
   prefetch(slot, 0);
+  if constexpr (REFILL_AT_END) prefetch(slot + used, 1);
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
     if (slice_bytes > 0) ring.wait(st);
@@ -759,8 +774,10 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
       exchange.sum(acc, st, RedOp{});
       sq = acc[0];
     }
-    if constexpr (ONE_CTA || kSliceHoldY<K, Q, T>) ring.order_refill_after_reduction();  // the only CTAs of one warp
-    prefetch(row + used, st ^ 1);
+    if constexpr (!REFILL_AT_END) {
+      if constexpr (ONE_CTA || kSliceHoldY<K, Q, T>) ring.order_refill_after_reduction();  // the only CTAs of one warp
+      prefetch(row + used, st ^ 1);
+    }
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
     const int64_t out = row * H + first;
     // The row's outputs, by pass: `plain` (a std::bool_constant) says gamma
@@ -899,6 +916,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
       a.rstd[row] = rstd;
       if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     }
+    if constexpr (REFILL_AT_END) prefetch(row + 2 * used, st);
   }
   if constexpr (Q == Quant::kTensor) merge_tensor_max();
   if (cluster > 1) cluster_done();
@@ -1223,6 +1241,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
     if constexpr (kSliceOneCta<K, Q, P, VEC>) {
       if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
+    }
+    if constexpr (kSliceHoldY<K, Q, T>) {
+      if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
     }
     int resident = 0;
     JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
