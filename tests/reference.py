@@ -1,5 +1,7 @@
 """Float64 NumPy references, tolerances and device helpers for the tests."""
 
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -148,3 +150,12 @@ def assert_fp8_close(q, want, fmt, what, y_err=0.0):
 def y_error(y):
     """Absolute error allowed for a kernel's float32 y against the float64 one."""
     return 1e-5 * max(1.0, float(np.abs(y).max(initial=0.0)))
+
+
+def run_script(path, *args, env=None):
+    """stdout of `python path args...` run from / (so the installed package is
+    imported, not the source tree), failing the test on a non-zero exit."""
+    out = subprocess.run([sys.executable, str(path), *args], cwd="/", env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stdout

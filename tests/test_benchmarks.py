@@ -3,19 +3,16 @@ times is first checked against the jnp composition (the script exits with an
 error where they differ), with the options its device runs use."""
 
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from reference import run_script
 
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fused.py"
 
 
 def _run(*args):
-    out = subprocess.run([sys.executable, str(BENCH), "--quick", "--device", "cpu", *args], cwd="/",
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return out.stdout
+    return run_script(BENCH, "--quick", "--device", "cpu", *args)
 
 
 def _rows(out, op):

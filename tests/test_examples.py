@@ -2,10 +2,10 @@
 
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from reference import run_script
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 pytest.importorskip("flax")
@@ -13,10 +13,7 @@ pytest.importorskip("optax")
 
 
 def _run(script, *args, env=None):
-    out = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd="/", env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return out.stdout
+    return run_script(EXAMPLES / script, *args, env=env)
 
 
 def test_train_step_example():

@@ -560,8 +560,9 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // refilled right after the row reduction (its barrier orders the previous
 // row's reads first; a barrier of its own at the top of the row measured
 // slower here), but for LayerNorm's per-row FP8 across a cluster, whose
-// stage is free earlier (REFILL_AT_END, at kSliceHoldY). Rows then need no registers of their own (three CTAs per
-// SM; two for LayerNorm's per-tensor FP8 in one CTA a row, ONE_CTA below)
+// stage is free earlier (REFILL_AT_END, at kSliceHoldY). Rows then need no
+// registers of their own (three CTAs per SM; two for LayerNorm's per-tensor
+// FP8 in one CTA a row, ONE_CTA below)
 // and the next row's load is always in flight: with one cluster per row and
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
