@@ -556,11 +556,12 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // stages while the previous row is normalized from the other. A cluster's
 // CTAs push their row sums to each other (ClusterPush) instead of meeting at
 // a cluster barrier each row (H100, bf16, same-call A/B: 512x262144 RMSNorm
-// 251 -> 216 us, LayerNorm 328 -> 253; 65536 level). The stage is
-// refilled right after the row reduction (its barrier orders the previous
-// row's reads first; a barrier of its own at the top of the row measured
-// slower here), but for LayerNorm's per-row FP8 across a cluster, whose
-// stage is free earlier (REFILL_AT_END, at kSliceHoldY). Rows then need no
+// 251 -> 216 us, LayerNorm 328 -> 253; 65536 level). With one CTA a row
+// the stage is refilled right after the row reduction (its barrier orders
+// the previous row's reads first; a barrier of its own at the top of the row
+// measured slower here); across a cluster most variants refill a row's
+// stage with the row after next at the row's end (REFILL_AT_END,
+// kSliceRefillAtEnd). Rows then need no
 // registers of their own (three CTAs per SM; two for LayerNorm's per-tensor
 // FP8 in one CTA a row, ONE_CTA below)
 // and the next row's load is always in flight: with one cluster per row and
@@ -629,16 +630,32 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // 237.4 / 234.0, 512x262144 301.1 / 300.0 -> 269.6 / 266.3 (float16
 // 2048x65536 263.0 / 261.0 -> 235.5 / 235.4). float32 x (16 registers
 // more) lost at 8192x16384, 365.5 / 357.9 -> 377.2 / 376.0, and is not held.
-// With y held the row's stage is free after the first pass, so rows of a
-// cluster refill it with the row after next at the row's end
-// (REFILL_AT_END): H200, bf16, us, 2048x65536 239.4 / 240.3 -> 226.8 /
-// 225.4, 512x262144 269.8 / 270.3 -> 236.6 / 242.3, float32 parameters
-// 2048x65536 264.4 / 263.6 -> 246.0 / 248.9, float16 2048x65536 238.5 /
-// 241.3 -> 230.0 / 230.6. With one CTA a row the same refill (at the row's
-// top or after the first pass) lost: 32768x4096 with float32 parameters
-// 173.1 / 172.9 -> 187.9 / 188.9, 65536x2048 168.3 / 168.1 -> 178.1 / 174.3.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceHoldY = K == NormKind::kLayer && Q == Quant::kRow && sizeof(T) == 2;
+
+// REFILL_AT_END: across a cluster, a row's stage takes the row after next at
+// the row's end (after a barrier where the output pass read the stage; with
+// y held it was last read in the first pass), instead of the next row right
+// after the reduction: two rows' copies in flight in the same two stages.
+// First for LayerNorm's per-row FP8 (H200, bf16, us, 2048x65536 239.4 /
+// 240.3 -> 226.8 / 225.4, 512x262144 269.8 / 270.3 -> 236.6 / 242.3), then
+// for the rest; same-call A/B on an H100, bf16, us, two rounds each:
+// RMSNorm 2048x65536 201.3 / 200.4 -> 196.9 / 199.6, 512x262144 217.4 /
+// 214.6 -> 203.2 / 205.4; LayerNorm 223.8 / 221.8 -> 209.4 / 209.2, 230.0 /
+// 230.5 -> 214.5 / 214.8; float32 x 2048x65536 RMSNorm 394.0 / 393.2 ->
+// 387.0 / 388.0, LayerNorm 411.6 / 410.5 -> 401.3 / 402.2; LayerNorm's
+// per-tensor FP8 190.5 / 188.7 -> 181.3 / 180.9, 209.2 / 212.7 -> 197.5 /
+// 196.3. Not taken: RMSNorm's per-tensor and per-row FP8 (level: 162.0 /
+// 163.9 -> 165.7 / 163.2, 2048x65536 per tensor; 205.3 / 206.8 -> 208.3 /
+// 208.4, 512x262144 per row) and per-group FP8 (lost: 174.4 / 174.4 ->
+// 186.8 / 186.0 at 2048x65536, 190.5 / 192.2 -> 208.1 / 205.9 at
+// 512x262144). With one CTA a row the refill (at the row's top or after the
+// first pass) lost too: LayerNorm per row, 32768x4096 with float32
+// parameters 173.1 / 172.9 -> 187.9 / 188.9, 65536x2048 168.3 / 168.1 ->
+// 178.1 / 174.3 (H200).
+template <NormKind K, Quant Q>
+constexpr bool kSliceRefillAtEnd =
+    Q == Quant::kNone || (K == NormKind::kLayer && (Q == Quant::kTensor || Q == Quant::kRow));
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false>
 __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
@@ -646,7 +663,9 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
-  static_assert(!REFILL_AT_END || kSliceHoldY<K, Q, T>, "fwd_slices: REFILL_AT_END needs y held");
+  static_assert(!REFILL_AT_END || (!ONE_CTA && kSliceRefillAtEnd<K, Q>), "fwd_slices: REFILL_AT_END is for clusters");
+  // A row's quantization waits for the next row's sums push (see pending).
+  constexpr bool kDeferQuant = REFILL_AT_END && kSliceHoldY<K, Q, T>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -698,13 +717,34 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
     if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
-  // REFILL_AT_END (rows of a cluster with y held, kSliceHoldY): a row's
-  // stage, last read in its first pass (row_sum's barrier since), takes the
-  // row after next at the row's end, not the next row after the reduction:
-  // two rows' copies in flight while one is normalized, in the same two
-  // stages (see kSliceHoldY for the measurements).
+  // REFILL_AT_END (kSliceRefillAtEnd): the prologue fills both stages, and
+  // a row's stage takes the row after next at the row's end.
   prefetch(slot, 0);
   if constexpr (REFILL_AT_END) prefetch(slot + used, 1);
+  // With y held as well (kDeferQuant), a row's quantization waits until the
+  // next row's sums are pushed: the exchange of the row's max then overlaps
+  // the next row's sums pass instead of being waited on alone. `ys` holds
+  // the pending row's y, `pending` names it (-1: none). Same-call A/B on an
+  // H100, bf16, us, LayerNorm per row: 512x262144 268.3 / 272.5 -> 246.4 /
+  // 245.0; 2048x65536 239.2 / 239.7 -> 241.1 / 241.5.
+  [[maybe_unused]] float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];
+  [[maybe_unused]] int64_t pending = -1;
+  [[maybe_unused]] auto quantize_pending = [&](int parity) {
+    if constexpr (kDeferQuant) {
+      float mm[1];
+      max_exchange.take(mm, parity);  // lane q: rank q's max
+      warp_sum<1>(mm, 32, AbsMaxOp{});
+      const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+      const float inv = 1.f / scale;
+      uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + pending * H + first);
+#pragma unroll
+      for (int i = 0; i < kSliceItems; ++i) {
+        if (in[i]) store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
+      }
+      if (threadIdx.x == 0 && rank == 0) a.qscale[pending] = scale;
+      pending = -1;
+    }
+  };
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
     if (slice_bytes > 0) ring.wait(st);
@@ -759,6 +799,9 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
       }
       if (cluster > 1) {
         exchange.push(part, st);
+        if constexpr (kDeferQuant) {
+          if (pending >= 0) quantize_pending(st ^ 1);  // the previous row's
+        }
         exchange.take(part, st);  // lane q: rank q's slice
         const float n = static_cast<float>(slice_of(threadIdx.x % 32));
         float w[1] = {n * part[0]};
@@ -856,8 +899,7 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
           }
         } else if constexpr (Q == Quant::kRow) {
           float mm[1] = {kRowMaxFirst ? rstd * acc[kRed - 1] : 0.f};
-          [[maybe_unused]] float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];  // y held (kSliceHoldY)
-          if constexpr (!kRowMaxFirst) {  // LayerNorm: y for the row's max, held to quantize
+          if constexpr (!kRowMaxFirst) {  // LayerNorm: y for the row's max, held to quantize (kSliceHoldY)
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {
               float v[VEC];
@@ -869,6 +911,11 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
               }
             }
             row_sum<1>(mm, smem, AbsMaxOp{});
+            if constexpr (kDeferQuant) {  // quantized once the next row's sums are pushed
+              max_exchange.push(mm, st);
+              pending = row;
+              return;
+            }
             max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
           }
           const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
@@ -918,7 +965,13 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
       a.rstd[row] = rstd;
       if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     }
-    if constexpr (REFILL_AT_END) prefetch(row + 2 * used, st);
+    if constexpr (REFILL_AT_END) {
+      if constexpr (!kSliceHoldY<K, Q, T>) __syncthreads();  // the output pass read the stage
+      prefetch(row + 2 * used, st);
+    }
+  }
+  if constexpr (kDeferQuant) {
+    if (pending >= 0) quantize_pending(st ^ 1);  // the last row's
   }
   if constexpr (Q == Quant::kTensor) merge_tensor_max();
   if (cluster > 1) cluster_done();
@@ -1244,7 +1297,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     if constexpr (kSliceOneCta<K, Q, P, VEC>) {
       if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
     }
-    if constexpr (kSliceHoldY<K, Q, T>) {
+    if constexpr (kSliceRefillAtEnd<K, Q>) {
       if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
     }
     int resident = 0;
