@@ -637,22 +637,13 @@ constexpr bool kSliceHoldY = K == NormKind::kLayer && Q == Quant::kRow && sizeof
 // the row's end (after a barrier where the output pass read the stage; with
 // y held it was last read in the first pass), instead of the next row right
 // after the reduction: two rows' copies in flight in the same two stages.
-// First for LayerNorm's per-row FP8 (H200, bf16, us, 2048x65536 239.4 /
-// 240.3 -> 226.8 / 225.4, 512x262144 269.8 / 270.3 -> 236.6 / 242.3), then
-// for the rest; same-call A/B on an H100, bf16, us, two rounds each:
-// RMSNorm 2048x65536 201.3 / 200.4 -> 196.9 / 199.6, 512x262144 217.4 /
-// 214.6 -> 203.2 / 205.4; LayerNorm 223.8 / 221.8 -> 209.4 / 209.2, 230.0 /
-// 230.5 -> 214.5 / 214.8; float32 x 2048x65536 RMSNorm 394.0 / 393.2 ->
-// 387.0 / 388.0, LayerNorm 411.6 / 410.5 -> 401.3 / 402.2; LayerNorm's
-// per-tensor FP8 190.5 / 188.7 -> 181.3 / 180.9, 209.2 / 212.7 -> 197.5 /
-// 196.3. Not taken: RMSNorm's per-tensor and per-row FP8 (level: 162.0 /
-// 163.9 -> 165.7 / 163.2, 2048x65536 per tensor; 205.3 / 206.8 -> 208.3 /
-// 208.4, 512x262144 per row) and per-group FP8 (lost: 174.4 / 174.4 ->
-// 186.8 / 186.0 at 2048x65536, 190.5 / 192.2 -> 208.1 / 205.9 at
-// 512x262144). With one CTA a row the refill (at the row's top or after the
-// first pass) lost too: LayerNorm per row, 32768x4096 with float32
-// parameters 173.1 / 172.9 -> 187.9 / 188.9, 65536x2048 168.3 / 168.1 ->
-// 178.1 / 174.3 (H200).
+// Same-call A/Bs (RESULTS.md 6u, 6v), bf16, us: RMSNorm 2048x65536 201 ->
+// 197-200 and 512x262144 216 -> 204, LayerNorm 223 -> 209 and 230 -> 215,
+// its per-tensor FP8 190 -> 181 and 211 -> 197 (H100); LayerNorm's per-row
+// FP8 240 -> 226 and 270 -> 237-242 (H200). Not taken: RMSNorm's per-tensor
+// and per-row FP8 (level) and per-group FP8 (7-9% slower: 174 -> 186 us at
+// 2048x65536). With one CTA a row the refill lost (LayerNorm per row,
+// float32 parameters, 32768x4096: 173 -> 188 us).
 template <NormKind K, Quant Q>
 constexpr bool kSliceRefillAtEnd =
     Q == Quant::kNone || (K == NormKind::kLayer && (Q == Quant::kTensor || Q == Quant::kRow));
