@@ -240,14 +240,17 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // with one CTA per SM: 16384-wide rows and clusters), else just after that
 // row's reduction, whose barrier already orders it (best with several CTAs
 // per SM; on an H100, bf16, 32768x4096: 303 against 337 us, and 8192x16384:
-// 339 against 324 us the other way). dgamma/dbeta column sums stay in
+// 339 against 324 us the other way). gamma's packs of the slice are
+// copied into shared memory once (sgamma). dgamma/dbeta column sums stay in
 // registers; with `fold` > 1 (whole rows a CTA, so `cluster` is 1) each
 // hardware cluster of `fold` CTAs folds them into one workspace row.
 template <NormKind K, class T, class P, int VEC, bool EARLY>
 __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
-  extern __shared__ uint4 stages[];  // [2 stages][x, dy][kSliceItems * blockDim.x] packs
+  // [2 stages][x, dy][kSliceItems * blockDim.x] packs, then gamma's packs
+  // of this CTA's slice (kSliceItems * blockDim.x, where gamma is given).
+  extern __shared__ uint4 stages[];
   __shared__ float smem[kRowSumSmem];
   __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K>];
   __shared__ alignas(8) uint64_t landed[2], pushed[2];
@@ -280,6 +283,25 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
 #pragma unroll
     for (int j = 0; j < VEC; ++j) dg[i][j] = db[i][j] = 0.f;
   }
+  // The CTA walks one slice of columns for all its rows and reads a pack's
+  // gamma twice a row: the slice is copied into shared memory once, each
+  // thread its own packs (so no barrier), rather than loaded from L1/L2 each
+  // time (waits on L1TEX loads were 31% of the cycles between issues,
+  // Nsight Compute at 2048x16384). The registers hold no
+  // more, and the shared memory costs no CTAs: at 512 threads the registers
+  // already allow one an SM (at most 192 KB with float32 gamma). Same-call
+  // A/B on an H100, bf16, us (RESULTS.md, table 1): RMSNorm 32768x4096 297
+  // -> 287, 8192x16384 297 -> 291, 2048x65536 333 -> 297, 512x262144 353
+  // -> 300; LayerNorm 309 -> 298, 308 -> 299, 343 -> 296, 373 -> 310.
+  using GammaPack = Pack<P, VEC>;
+  GammaPack* const sgamma = reinterpret_cast<GammaPack*>(stages + 4 * packs);
+  if (gamma != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kSliceItems; ++i) {
+      if (first + local(i) < H)
+        sgamma[i * blockDim.x + threadIdx.x] = *reinterpret_cast<const GammaPack*>(gamma + first + local(i));
+    }
+  }
 
   // The rows' walk, instantiated twice: for the common case (gamma, not
   // zero-centred) a pack's scale is gamma as loaded, with nothing left to
@@ -287,10 +309,19 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // eight each, twice a row); the other case keeps load_scale.
   auto walk_rows = [&](auto plain) {
     auto scale_of = [&](int i, float(&s)[VEC]) {
-      if constexpr (decltype(plain)::value) {
-        load_pack<VEC>(gamma + first + local(i), s);
-      } else {
-        load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
+      if constexpr (!decltype(plain)::value) {
+        if (gamma == nullptr) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) s[j] = 1.f;
+          return;
+        }
+      }
+      unpack(sgamma[i * blockDim.x + threadIdx.x], s);
+      if constexpr (!decltype(plain)::value) {
+        if (a.zero_centered) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) s[j] += 1.f;
+        }
       }
     };
     prefetch(slot, 0);
@@ -616,7 +647,8 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
   if constexpr (kSlicesFit<T, VEC>) {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
     const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
-    const size_t smem = 2 * 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x, dy
+    // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
+    const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
     auto kernel = tpr >= kSliceThreads ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
