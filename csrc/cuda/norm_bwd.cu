@@ -287,9 +287,9 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // gamma twice a row: the slice is copied into shared memory once, each
   // thread its own packs (so no barrier), rather than loaded from L1/L2 each
   // time (waits on L1TEX loads were 31% of the cycles between issues,
-  // Nsight Compute at 2048x16384). The registers hold no
-  // more, and the shared memory costs no CTAs: at 512 threads the registers
-  // already allow one an SM (at most 192 KB with float32 gamma). Same-call
+  // Nsight Compute at 2048x16384). The registers have no room for them, and
+  // the shared memory costs no CTAs: at 512 threads the registers already
+  // allow one an SM (at most 192 KB with float32 gamma). Same-call
   // A/B on an H100, bf16, us (RESULTS.md, table 1): RMSNorm 32768x4096 297
   // -> 287, 8192x16384 297 -> 291, 2048x65536 333 -> 297, 512x262144 353
   // -> 300; LayerNorm 309 -> 298, 308 -> 299, 343 -> 296, 373 -> 310.
@@ -304,9 +304,10 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   }
 
   // The rows' walk, instantiated twice: for the common case (gamma, not
-  // zero-centred) a pack's scale is gamma as loaded, with nothing left to
-  // decide a pack (load_scale's placeholder ones and predicated-off adds,
-  // eight each, twice a row); the other case keeps load_scale.
+  // zero-centred) a pack's scale is gamma as staged, with nothing left to
+  // decide a pack (placeholder ones and predicated-off adds, eight each,
+  // twice a row); the other case decides them (no gamma: ones; zero-centred:
+  // gamma + 1).
   auto walk_rows = [&](auto plain) {
     auto scale_of = [&](int i, float(&s)[VEC]) {
       if constexpr (!decltype(plain)::value) {
