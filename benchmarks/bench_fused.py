@@ -236,8 +236,8 @@ def main():
 
     dev = jax.devices(args.device)[0] if args.device else jax.devices()[0]
     dt = jnp.dtype(args.dtype)
-    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  "
-          f"params {args.param_dtype or dt.name}  fp8 {args.fp8}")
+    pdt = jnp.dtype(args.param_dtype) if args.param_dtype else dt
+    print(f"device: {dev.device_kind}  jax {jax.__version__}  x {dt.name}  params {pdt.name}  fp8 {args.fp8}")
     print(f"{'op':16} {'shape':>14} {'us':>9} {'TB/s':>6} {'%copy':>6} {'jnp us':>9} {'vs jnp':>7} "
           f"{'plain us':>9} {'plain/fused':>11}")
     rows_out = []
@@ -248,7 +248,6 @@ def main():
             xs = [jax.random.normal(keys[3 * i], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
             rs = [jax.random.normal(keys[3 * i + 1], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
             dys = [jax.random.normal(keys[3 * i + 2], (m, h), jnp.float32).astype(dt) for i in range(args.sets)]
-            pdt = jnp.dtype(args.param_dtype) if args.param_dtype else dt
             g = (1.0 + 0.1 * jax.random.normal(keys[-2], (h,), jnp.float32)).astype(pdt)
             b = (0.1 * jax.random.normal(keys[-1], (h,), jnp.float32)).astype(pdt)
             s = dt.itemsize

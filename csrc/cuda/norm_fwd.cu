@@ -561,10 +561,9 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // the previous row's reads first; a barrier of its own at the top of the row
 // measured slower here); across a cluster most variants refill a row's
 // stage with the row after next at the row's end (REFILL_AT_END,
-// kSliceRefillAtEnd). Rows then need no
-// registers of their own (three CTAs per SM; two for LayerNorm's per-tensor
-// FP8 in one CTA a row, ONE_CTA below)
-// and the next row's load is always in flight: with one cluster per row and
+// kSliceRefillAtEnd). Rows then need no registers of their own (three CTAs
+// per SM; two for LayerNorm's per-tensor FP8 in one CTA a row, ONE_CTA
+// below) and the next row's load is always in flight: with one cluster per row and
 // the row in registers (fwd_regs) the SM had no loads in flight during each
 // row's reductions and stores (on an H100, bf16 2048x65536: 288 us there,
 // 218 us here). LayerNorm takes both sums in one pass around a shift near
