@@ -177,9 +177,11 @@ def main():
             for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
                 check(a, b, 3e-2)
         compare(fp8_outputs(h), x, dy, g, 3e-2)
-        # LayerNorm's per-tensor FP8 with bf16 parameters (held in registers)
+        # bf16 parameters: LayerNorm's per-tensor FP8 (held in registers) and,
+        # across a cluster, its plain forward (gamma and beta staged in shared memory)
         compare([lambda x, r, g: jrn.layer_norm_fp8(x, g, g, scale=20.0),
-                 lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g)], x, dy, g.astype(jnp.bfloat16), 3e-2)
+                 lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
+                 lambda x, r, g: (jrn.layer_norm(x, g, g),)], x, dy, g.astype(jnp.bfloat16), 3e-2)
         compare(wide_rows(h), x, dy, g, 3e-2)
         print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")

@@ -342,3 +342,32 @@ def test_dgamma_per_group_wide_rows(kind, dtype, hidden, platform):
         assert_close(dg[i], dg_ref, dtype, f"group {i} dgamma", scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
         if kind == "layer":
             assert_close(db[i], db_ref, dtype, f"group {i} dbeta", scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))
+
+
+# Per-example gamma and beta (vmapped) in the wide forward, with more rows
+# per group than clusters: on a GPU a cluster walks rows of several groups,
+# and LayerNorm's CTAs stage their group's gamma and beta slices in shared
+# memory, again each time the group changes (zero-centred gamma and no beta
+# take the kernel that reads them from global memory).
+@pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 65536), (jnp.float32, 65536), (jnp.bfloat16, 262144)],
+                         ids=["bfloat16-65536", "float32-65536", "bfloat16-262144"])
+@pytest.mark.parametrize("kind, variant", [("rms", "plain"), ("rms", "zero_centered"), ("layer", "plain"),
+                                           ("layer", "zero_centered"), ("layer", "no_beta")])
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_forward_per_group_wide_rows(kind, variant, dtype, hidden, platform):
+    groups, rows = 3, 150 if hidden == 65536 else 40
+    zc, with_beta = variant == "zero_centered", kind == "layer" and variant != "no_beta"
+    key = case_key(("fwd-groups", kind, variant, np.dtype(dtype).name, hidden))
+    x = random(key, (groups, rows, hidden), dtype, scale=2.0, offset=0.5)
+    g = random(key + 1, (groups, hidden), dtype, scale=0.5, offset=0.0 if zc else 1.0)
+    b = random(key + 2, (groups, hidden), dtype, scale=0.5)
+    x, g, b = put(platform, x, g, b)
+    poison(platform, 2 * x.size * x.dtype.itemsize + 1024)
+    if kind == "rms":
+        norm = lambda x, g, b: jrn.rms_norm(x, g, eps=EPS[kind], zero_centered_gamma=zc)
+    else:
+        norm = lambda x, g, b: jrn.layer_norm(x, g, b if with_beta else None, eps=EPS[kind], zero_centered_gamma=zc)
+    y = jax.jit(jax.vmap(norm))(x, g, b)
+    for i in range(groups):
+        y_ref, _, _ = ref_forward(kind, x[i], g[i], b[i] if with_beta else None, EPS[kind], zero_centered=zc)
+        assert_close(y[i], y_ref, dtype, f"group {i} y")

@@ -436,20 +436,28 @@ struct BulkStages {
   }
 };
 
-// Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.
-template <int N, class P>
-__device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zero_centered,
-                                           float (&s)[N]) {
-  if (gamma == nullptr) {
+// The effective scale of N columns: gamma, 1 + gamma (zero-centred), or 1
+// where no gamma is given. `load(s)` fills s with gamma's values, from
+// wherever the caller keeps them (global memory, a staged pack).
+template <int N, class Load>
+__device__ __forceinline__ void effective_scale(bool has_gamma, bool zero_centered, Load&& load, float (&s)[N]) {
+  if (!has_gamma) {
 #pragma unroll
     for (int i = 0; i < N; ++i) s[i] = 1.f;
     return;
   }
-  load_pack<N>(gamma + col, s);
+  load(s);
   if (zero_centered) {
 #pragma unroll
     for (int i = 0; i < N; ++i) s[i] += 1.f;
   }
+}
+
+// Loads the effective scale (gamma, 1 + gamma, or 1) for N columns.
+template <int N, class P>
+__device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zero_centered,
+                                           float (&s)[N]) {
+  effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) { load_pack<N>(gamma + col, g); }, s);
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

@@ -310,19 +310,11 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // gamma + 1).
   auto walk_rows = [&](auto plain) {
     auto scale_of = [&](int i, float(&s)[VEC]) {
-      if constexpr (!decltype(plain)::value) {
-        if (gamma == nullptr) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) s[j] = 1.f;
-          return;
-        }
-      }
-      unpack(sgamma[i * blockDim.x + threadIdx.x], s);
-      if constexpr (!decltype(plain)::value) {
-        if (a.zero_centered) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) s[j] += 1.f;
-        }
+      auto staged = [&](float(&g)[VEC]) { unpack(sgamma[i * blockDim.x + threadIdx.x], g); };
+      if constexpr (decltype(plain)::value) {
+        staged(s);
+      } else {
+        effective_scale<VEC>(gamma != nullptr, a.zero_centered, staged, s);
       }
     };
     prefetch(slot, 0);

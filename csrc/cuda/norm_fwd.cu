@@ -647,13 +647,33 @@ template <NormKind K, Quant Q>
 constexpr bool kSliceRefillAtEnd =
     Q == Quant::kNone || (K == NormKind::kLayer && (Q == Quant::kTensor || Q == Quant::kRow));
 
-template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false>
-__global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
+// STAGED_PARAMS: LayerNorm's plain forward across a cluster (gamma and beta
+// given, not zero-centred, packs as wide as x's) copies its gamma and beta
+// slices into shared memory after the two stages, each thread its own packs
+// (no barrier: no thread reads another's), again only when the row's
+// parameter group changes. The output pass then reads them from there
+// instead of from L2: with 192 KB of stages an SM, L1 holds little, and the
+// two parameter loads a pack doubled what x alone moves from L2. One CTA an
+// SM (128 KB, 80 registers). Same-run A/B on an H100, us, two rounds
+// (RESULTS.md 6w): bf16 2048x65536 210.5 / 209.9 -> 202.4 / 202.5,
+// 512x262144 216.5 / 215.5 -> 208.8 / 207.5; float32 x 2048x65536 400.8 /
+// 403.0 -> 386.2 / 387.9. Not taken: RMSNorm's gamma staged the same way
+// (two CTAs an SM): 197.2 / 200.1 -> 206.4 / 205.3 us at 2048x65536 (but
+// 206.7 / 204.6 -> 202.2 / 203.3 at 512x262144); LayerNorm's gamma alone,
+// 210 -> 213 us.
+template <NormKind K, Quant Q, class P, int VEC>
+constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
+
+template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false,
+          bool STAGED_PARAMS = false>
+__global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
   static_assert(!REFILL_AT_END || (!ONE_CTA && kSliceRefillAtEnd<K, Q>), "fwd_slices: REFILL_AT_END is for clusters");
+  static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
+                "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
   // A row's quantization waits for the next row's sums push (see pending).
   constexpr bool kDeferQuant = REFILL_AT_END && kSliceHoldY<K, Q, T>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
@@ -681,6 +701,11 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
   bool in[kSliceItems];
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
+  // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
+  // stages, for the parameter offset staged_off.
+  using ParamPack = Pack<P, VEC>;
+  [[maybe_unused]] ParamPack* const sparams = reinterpret_cast<ParamPack*>(stages + 2 * packs);
+  [[maybe_unused]] int64_t staged_off = -1;
   auto slice_of = [&](int q) { return slice_columns(q, static_cast<int64_t>(packs) * VEC, H); };
   const int64_t slice_elems = slice_of(rank);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
@@ -748,6 +773,21 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
     const P* beta = held(K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr);
+    if constexpr (STAGED_PARAMS) {
+      if (poff != staged_off) {  // uniform over the CTA
+        staged_off = poff;
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            ParamPack pk;
+            load_raw(gamma + first + local(i), pk);
+            sparams[i * blockDim.x + threadIdx.x] = pk;
+            load_raw(beta + first + local(i), pk);
+            sparams[packs + i * blockDim.x + threadIdx.x] = pk;
+          }
+        }
+      }
+    }
     if constexpr (ONE_CTA) {
       if (poff != held_off) {  // uniform over the CTA
         held_off = poff;
@@ -837,10 +877,18 @@ __global__ void __launch_bounds__(kSliceThreads, ONE_CTA || kSliceHoldY<K, Q, T>
         read(st, i, v);
         if constexpr (decltype(plain)::value) {
           float g[VEC];
-          load_pack<VEC>(gamma + first + local(i), g);
+          if constexpr (STAGED_PARAMS) {
+            unpack(sparams[i * blockDim.x + threadIdx.x], g);
+          } else {
+            load_pack<VEC>(gamma + first + local(i), g);
+          }
           if constexpr (K == NormKind::kLayer) {
             float b[VEC];
-            load_pack<VEC>(beta + first + local(i), b);
+            if constexpr (STAGED_PARAMS) {
+              unpack(sparams[packs + i * blockDim.x + threadIdx.x], b);
+            } else {
+              load_pack<VEC>(beta + first + local(i), b);
+            }
             const float shifted = -mean * rstd;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
@@ -1282,13 +1330,19 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   } else {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
     const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
-    const size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
+    size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
     if constexpr (kSliceOneCta<K, Q, P, VEC>) {
       if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
     }
     if constexpr (kSliceRefillAtEnd<K, Q>) {
       if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
+    }
+    if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
+      if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
+        smem += 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // gamma's and beta's packs
+        kernel = fwd_slices<K, Q, T, P, VEC, false, true, true>;
+      }
     }
     int resident = 0;
     JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
