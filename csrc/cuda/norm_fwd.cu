@@ -10,7 +10,9 @@
 //  * fwd_slices (sm_90+): rows too wide for one CTA, and per-tensor FP8
 //    output from 2048 columns (bf16; LayerNorm's from 1024): persistent CTAs
 //    (clusters for wide rows) walk the rows, each CTA's slice of the next row
-//    bulk-copied into shared memory while the current one is normalized.
+//    bulk-copied into shared memory while the current one is normalized
+//    (LayerNorm's plain forward across a cluster stages gamma and beta there
+//    too).
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //  * fwd_add_stats + fwd_apply: rows wider than one CTA with a residual (and
@@ -588,13 +590,13 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 constexpr int kSliceItems = 4;  // packs per thread and row in fwd_slices
 constexpr int kSliceThreads = 512;
 
-// Every variant but ONE_CTA and kSliceHoldY (two CTAs, 64 registers) is held
-// to three CTAs of 512 threads per SM (at most 40 registers; none spills but
-// the per-group ones, 8-32 bytes). Without the
-// bound the plain LayerNorm took 49 registers with float32 parameters (283.0
-// us against 257.3 with it, H100, bf16 x 2048x65536), and per row and per
-// group at 2048x65536 took 233.6 and 231.6 us against 215.1 and 220.4 with
-// it. An explicit bound of 1 would let ptxas raise them to 42-64 registers.
+// Every variant but ONE_CTA and kSliceHoldY (two CTAs, 64 registers) and
+// STAGED_PARAMS (one CTA, 128 KB of shared memory) is held to three CTAs of
+// 512 threads per SM (at most 40 registers; none spills but the per-group
+// ones, 8-32 bytes). Without the bound the plain LayerNorm took 49
+// registers with float32 parameters (283.0 us against 257.3 with it, H100,
+// bf16 x 2048x65536), and per row and per group at 2048x65536 took 233.6
+// and 231.6 us against 215.1 and 220.4 with it. An explicit bound of 1 would let ptxas raise them to 42-64 registers.
 //
 // ONE_CTA: LayerNorm with per-tensor FP8 output (16-byte parameter packs) where
 // one CTA holds the whole row (hidden 1024 to 16384 in bf16). It holds its
