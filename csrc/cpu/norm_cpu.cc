@@ -347,7 +347,9 @@ struct CpuBackend {
                              : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
                                                   static_cast<double>(H));
       }
-      for (int64_t i = 0; i < H; ++i) row[i] -= mean;
+      if constexpr (K == NormKind::kLayer) {
+        for (int64_t i = 0; i < H; ++i) row[i] -= mean;
+      }
       float rstd;
       if (a.given_stats) {
         rstd = a.rstd[r];
