@@ -596,7 +596,8 @@ constexpr int kSliceThreads = 512;
 // ones, 8-32 bytes). Without the bound the plain LayerNorm took 49
 // registers with float32 parameters (283.0 us against 257.3 with it, H100,
 // bf16 x 2048x65536), and per row and per group at 2048x65536 took 233.6
-// and 231.6 us against 215.1 and 220.4 with it. An explicit bound of 1 would let ptxas raise them to 42-64 registers.
+// and 231.6 us against 215.1 and 220.4 with it. An explicit bound of 1
+// would let ptxas raise them to 42-64 registers.
 //
 // ONE_CTA: LayerNorm with per-tensor FP8 output (16-byte parameter packs) where
 // one CTA holds the whole row (hidden 1024 to 16384 in bf16). It holds its
