@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // A row's quantization waits for the next row's sums push (see pending).
   constexpr bool kDeferQuant = REFILL_AT_END && kSliceHoldY<K, Q, T>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
-  int64_t held_off = -1;  // parameter offset of the held packs
+  int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   // RMSNorm's per-row FP8 scale: max |y| = rstd * max |x * scale| (rstd > 0
   // is common to the row), taken in the pass of the sums and reduced with
@@ -705,10 +705,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
   // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
-  // stages, for the parameter offset staged_off.
+  // stages, for the parameter offset held_off.
   using ParamPack = Pack<P, VEC>;
   [[maybe_unused]] ParamPack* const sparams = reinterpret_cast<ParamPack*>(stages + 2 * packs);
-  [[maybe_unused]] int64_t staged_off = -1;
   auto slice_of = [&](int q) { return slice_columns(q, static_cast<int64_t>(packs) * VEC, H); };
   const int64_t slice_elems = slice_of(rank);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
@@ -776,29 +775,25 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     const int64_t poff = a.shape.param_offset(row);
     const P* gamma = held(a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr);
     const P* beta = held(K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr);
-    if constexpr (STAGED_PARAMS) {
-      if (poff != staged_off) {  // uniform over the CTA
-        staged_off = poff;
-#pragma unroll
-        for (int i = 0; i < kSliceItems; ++i) {
-          if (in[i]) {
-            ParamPack pk;
-            load_raw(gamma + first + local(i), pk);
-            sparams[i * blockDim.x + threadIdx.x] = pk;
-            load_raw(beta + first + local(i), pk);
-            sparams[packs + i * blockDim.x + threadIdx.x] = pk;
-          }
-        }
-      }
-    }
-    if constexpr (ONE_CTA) {
+    // Each thread's parameter packs, again where the row's group changes:
+    // into registers (ONE_CTA) or shared memory (STAGED_PARAMS, where gamma
+    // and beta are both given).
+    if constexpr (ONE_CTA || STAGED_PARAMS) {
       if (poff != held_off) {  // uniform over the CTA
         held_off = poff;
 #pragma unroll
         for (int i = 0; i < kSliceItems; ++i) {
           if (in[i]) {
-            if (gamma) load_raw(gamma + first + local(i), held_gamma[i]);
-            if (beta) load_raw(beta + first + local(i), held_beta[i]);
+            if constexpr (ONE_CTA) {
+              if (gamma) load_raw(gamma + first + local(i), held_gamma[i]);
+              if (beta) load_raw(beta + first + local(i), held_beta[i]);
+            } else {
+              ParamPack pk;
+              load_raw(gamma + first + local(i), pk);
+              sparams[i * blockDim.x + threadIdx.x] = pk;
+              load_raw(beta + first + local(i), pk);
+              sparams[packs + i * blockDim.x + threadIdx.x] = pk;
+            }
           }
         }
       }
