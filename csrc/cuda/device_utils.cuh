@@ -399,6 +399,20 @@ __device__ __forceinline__ int64_t slice_columns(int rank, int64_t width, int64_
   return std::max<int64_t>(std::min<int64_t>(width, hidden - rank * width), 0);
 }
 
+// Per-thread asynchronous copies global -> shared (cp.async; compiled, like
+// the bulk copies, from sm_90 on), for a thread that alone reads what it copies: 16 bytes a copy, bypassing L1;
+// the copies issued since the last commit form a group, and
+// cp_async_wait<N> returns once at most the newest N of this thread's groups
+// are still in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  JRN_SM90(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory"));
+}
+__device__ __forceinline__ void cp_async_commit() { JRN_SM90(asm volatile("cp.async.commit_group;\n" ::: "memory")); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  JRN_SM90(asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"));
+}
+
 // Two shared-memory stages filled by bulk copies, for kernels that walk rows:
 // thread 0 fills a stage with N contiguous runs of `bytes` each, and every
 // thread waits for a stage before reading it. The caller makes sure no thread

@@ -12,7 +12,7 @@
 //    (clusters for wide rows) walk the rows, each CTA's slice of the next row
 //    bulk-copied into shared memory while the current one is normalized
 //    (LayerNorm's plain forward across a cluster stages gamma and beta there
-//    too).
+//    too; RMSNorm's plain forward copies each thread's packs itself).
 //  * fwd_stream: one CTA per row, the row streamed twice (the second read is
 //    served mostly by L2); used for rows too wide or unaligned for the above.
 //  * fwd_add_stats + fwd_apply: rows wider than one CTA with a residual (and
@@ -667,6 +667,19 @@ constexpr bool kSliceRefillAtEnd =
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 
+// OWN_COPIES (kSliceOwnCopies): RMSNorm's plain forward across a cluster
+// fills its stages by per-thread copies (cp.async, 16 bytes each) instead of
+// one bulk copy a stage. Its threads read only their own packs of the stage
+// (no shift, no group spans threads' packs), so each waits for its own copies
+// and refills its own packs as soon as it has written their outputs: no
+// barrier at the row's end. Same-call A/B on an H100, bf16, us, three rounds
+// (RESULTS.md 6x): 512x262144 206.7-208.7 -> 198.1-201.5, 2048x65536 level
+// (202.0-202.4 -> 202.6-204.8); float32 2048x65536 388.9 / 386.6 -> 384.1 /
+// 383.1. Not taken: RMSNorm's FP8 outputs, which lost 3-10% at 65536 and
+// 262144 with their own copies (per group at 512x262144 188 -> 206 us).
+template <NormKind K, Quant Q>
+constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false,
           bool STAGED_PARAMS = false>
 __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
@@ -679,6 +692,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
   // A row's quantization waits for the next row's sums push (see pending).
   constexpr bool kDeferQuant = REFILL_AT_END && kSliceHoldY<K, Q, T>;
+  constexpr bool kOwnCopies = REFILL_AT_END && kSliceOwnCopies<K, Q>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -715,7 +729,18 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st) {
-    if (threadIdx.x == 0 && r < rows && slice_bytes > 0) {
+    if constexpr (kOwnCopies) {  // this thread's packs, one group a row (empty past the last row)
+      if (r < rows) {
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            cp_async16(stages + st * packs + i * blockDim.x + threadIdx.x,
+                       static_cast<const T*>(a.x) + r * H + first + local(i));
+          }
+        }
+      }
+      cp_async_commit();
+    } else if (threadIdx.x == 0 && r < rows && slice_bytes > 0) {
       ring.fill<1>(st, {stages + st * packs}, {static_cast<const T*>(a.x) + r * H + first}, slice_bytes);
     }
   };
@@ -764,7 +789,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   };
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
-    if (slice_bytes > 0) ring.wait(st);
+    if constexpr (kOwnCopies) {
+      cp_async_wait<1>();  // this row's group; the next row's may still be in flight
+    } else if (slice_bytes > 0) {
+      ring.wait(st);
+    }
     // LayerNorm's shift: near the mean of this CTA's slice, read from its
     // stage (no trip to L2 for elements of other CTAs' slices).
     float shift = 0.f;
@@ -1002,7 +1031,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     }
     if constexpr (REFILL_AT_END) {
-      if constexpr (!kSliceHoldY<K, Q, T>) __syncthreads();  // the output pass read the stage
+      // The output pass read the stage (each thread only its own packs with
+      // kOwnCopies, which it has read by now).
+      if constexpr (!kSliceHoldY<K, Q, T> && !kOwnCopies) __syncthreads();
       prefetch(row + 2 * used, st);
     }
   }
