@@ -676,7 +676,10 @@ constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone &
 // (RESULTS.md 6x): 512x262144 206.7-208.7 -> 198.1-201.5, 2048x65536 level
 // (202.0-202.4 -> 202.6-204.8); float32 2048x65536 388.9 / 386.6 -> 384.1 /
 // 383.1. Not taken: RMSNorm's FP8 outputs, which lost 3-10% at 65536 and
-// 262144 with their own copies (per group at 512x262144 188 -> 206 us).
+// 262144 with their own copies (per group at 512x262144 188 -> 206 us), and
+// LayerNorm's plain forward, whose shift then came from thread 0's packs
+// after a barrier: level to 1% faster with gamma and beta staged, 8-10%
+// slower with float32 parameters (2048x65536 233.1 / 234.1 -> 251.3 / 254.4).
 template <NormKind K, Quant Q>
 constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
 
