@@ -369,6 +369,12 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                         ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory"));
 }
 
+// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) from global
+// memory ahead of a later copy; nothing lands in shared memory.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  JRN_SM90(asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory"));
+}
+
 // Orders this thread's earlier shared-memory accesses (and, after a barrier,
 // the CTA's) before later bulk copies into the same bytes.
 __device__ __forceinline__ void fence_async_smem() {

@@ -666,6 +666,15 @@ constexpr bool kSliceRefillAtEnd =
 // 210 -> 213 us.
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
+// With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
+// (rows of over 131072 16-bit columns), thread 0 also asks L2 for its
+// slice of the row after the one it copies in (bulk_prefetch_l2): a third
+// row on its way without a third stage. Same-call knob build on an H100,
+// bf16, us, two rounds (RESULTS.md, under table 1): 512x262144 210.5 / 209.6
+// -> 200.3 / 200.4; at 2048x65536 (clusters of 4) it lost, 205.3 / 203.0 ->
+// 214.7 / 212.4, as it did for RMSNorm's per-thread copies at both widths
+// (204 -> 246 us and 202 -> 239) and for LayerNorm's per-tensor FP8.
+constexpr int kSliceL2AheadCluster = 16;
 
 // OWN_COPIES (kSliceOwnCopies): RMSNorm's plain forward across a cluster
 // fills its stages by per-thread copies (cp.async, 16 bytes each) instead of
@@ -732,6 +741,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st) {
+    if constexpr (STAGED_PARAMS) {
+      if (cluster >= kSliceL2AheadCluster && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
+        bulk_prefetch_l2(static_cast<const T*>(a.x) + (r + used) * H + first, slice_bytes);
+      }
+    }
     if constexpr (kOwnCopies) {  // this thread's packs, one group a row (empty past the last row)
       if (r < rows) {
 #pragma unroll
