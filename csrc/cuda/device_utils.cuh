@@ -406,10 +406,10 @@ __device__ __forceinline__ int64_t slice_columns(int rank, int64_t width, int64_
 }
 
 // Per-thread asynchronous copies global -> shared (cp.async; compiled, like
-// the bulk copies, from sm_90 on), for a thread that alone reads what it copies: 16 bytes a copy, bypassing L1;
-// the copies issued since the last commit form a group, and
-// cp_async_wait<N> returns once at most the newest N of this thread's groups
-// are still in flight.
+// the bulk copies, from sm_90 on), for a thread that alone reads what it
+// copies: 16 bytes a copy, bypassing L1. The copies issued since the last
+// commit form a group; cp_async_wait<N> returns once at most the newest N of
+// this thread's groups are still in flight.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   JRN_SM90(asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory"));
 }

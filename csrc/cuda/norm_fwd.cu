@@ -669,20 +669,22 @@ constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone &
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
 // (rows of over 131072 16-bit columns), thread 0 also asks L2 for its
 // slice of the row after the one it copies in (bulk_prefetch_l2): a third
-// row on its way without a third stage. Same-call knob build on an H100,
-// bf16, us, two rounds (RESULTS.md, under table 1): 512x262144 210.5 / 209.6
-// -> 200.3 / 200.4; at 2048x65536 (clusters of 4) it lost, 205.3 / 203.0 ->
-// 214.7 / 212.4, as it did for RMSNorm's per-thread copies at both widths
-// (204 -> 246 us and 202 -> 239) and for LayerNorm's per-tensor FP8.
+// row on its way without a third stage. One build with a knob, on an H100,
+// bf16, us, two rounds (RESULTS.md, "An L2 prefetch a row ahead"):
+// 512x262144 210.5 / 209.6 -> 200.3 / 200.4; at 2048x65536 (clusters of 4)
+// it lost, 205.3 / 203.0 -> 214.7 / 212.4, as it did for RMSNorm's
+// per-thread copies at both widths (204 -> 246 us and 202 -> 239) and for
+// LayerNorm's per-tensor FP8.
 constexpr int kSliceL2AheadCluster = 16;
 
-// OWN_COPIES (kSliceOwnCopies): RMSNorm's plain forward across a cluster
-// fills its stages by per-thread copies (cp.async, 16 bytes each) instead of
-// one bulk copy a stage. Its threads read only their own packs of the stage
+// kSliceOwnCopies: RMSNorm's plain forward across a cluster fills its
+// stages by per-thread copies (cp.async, 16 bytes each) instead of one bulk
+// copy a stage. Its threads read only their own packs of the stage
 // (no shift, no group spans threads' packs), so each waits for its own copies
 // and refills its own packs as soon as it has written their outputs: no
-// barrier at the row's end. Same-call A/B on an H100, bf16, us, three rounds
-// (RESULTS.md 6x): 512x262144 206.7-208.7 -> 198.1-201.5, 2048x65536 level
+// barrier at the row's end. One build with a knob, on an H100, bf16, us,
+// three rounds (RESULTS.md, "What the wide forward's time is made of"):
+// 512x262144 206.7-208.7 -> 198.1-201.5, 2048x65536 level
 // (202.0-202.4 -> 202.6-204.8); float32 2048x65536 388.9 / 386.6 -> 384.1 /
 // 383.1. Not taken: RMSNorm's FP8 outputs, which lost 3-10% at 65536 and
 // 262144 with their own copies (per group at 512x262144 188 -> 206 us), and
