@@ -729,6 +729,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   const int packs = kSliceItems * blockDim.x;
   const int first = rank * packs * VEC;  // hidden < 2^31
   auto local = [&](int i) { return (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * VEC; };
+  auto x_slice = [&](int64_t r) { return static_cast<const T*>(a.x) + r * H + first; };  // row r's slice
   bool in[kSliceItems];
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
@@ -745,22 +746,19 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   auto prefetch = [&](int64_t r, int st) {
     if constexpr (STAGED_PARAMS) {
       if (cluster >= kSliceL2AheadCluster && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
-        bulk_prefetch_l2(static_cast<const T*>(a.x) + (r + used) * H + first, slice_bytes);
+        bulk_prefetch_l2(x_slice(r + used), slice_bytes);
       }
     }
     if constexpr (kOwnCopies) {  // this thread's packs, one group a row (empty past the last row)
       if (r < rows) {
 #pragma unroll
         for (int i = 0; i < kSliceItems; ++i) {
-          if (in[i]) {
-            cp_async16(stages + st * packs + i * blockDim.x + threadIdx.x,
-                       static_cast<const T*>(a.x) + r * H + first + local(i));
-          }
+          if (in[i]) cp_async16(stages + st * packs + i * blockDim.x + threadIdx.x, x_slice(r) + local(i));
         }
       }
       cp_async_commit();
     } else if (threadIdx.x == 0 && r < rows && slice_bytes > 0) {
-      ring.fill<1>(st, {stages + st * packs}, {static_cast<const T*>(a.x) + r * H + first}, slice_bytes);
+      ring.fill<1>(st, {stages + st * packs}, {x_slice(r)}, slice_bytes);
     }
   };
   auto read = [&](int st, int i, float (&v)[VEC]) {
@@ -1378,7 +1376,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   } else {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
     const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
-    size_t smem = 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // two stages of x
+    const size_t stage_bytes = static_cast<size_t>(tpr) * kSliceItems * 16;  // a CTA's slice of x
+    size_t smem = 2 * stage_bytes;                                            // two stages
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
     if constexpr (kSliceOneCta<K, Q, P, VEC>) {
       if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
@@ -1388,7 +1387,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
       if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
-        smem += 2 * static_cast<size_t>(tpr) * kSliceItems * 16;  // gamma's and beta's packs
+        smem += 2 * stage_bytes;  // gamma's and beta's packs
         kernel = fwd_slices<K, Q, T, P, VEC, false, true, true>;
       }
     }
