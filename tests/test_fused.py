@@ -210,8 +210,10 @@ def test_fp8_tensor(kind, dtype, shape, fmt, platform):
     assert_fp8_close(q, np.clip(y * scale, -m, m), fmt, what + " q", y_error(y) * scale)
 
 
+# 4x12288: on the GPU, rows of one 512-thread CTA whose last packs are past
+# the row's end, where RMSNorm's per-row kernel holds x * gamma in registers.
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
-@pytest.mark.parametrize("shape", FP8_SHAPES, ids=sid)
+@pytest.mark.parametrize("shape", FP8_SHAPES + [(4, 12288)], ids=sid)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_rowwise(kind, dtype, shape, fmt, platform):
@@ -339,8 +341,8 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
 # given: the wide-row kernel (fwd_slices) has a loop of its own for that common
 # case and takes these through the general one. float32 gamma for bf16 x,
 # zero-centred gamma, LayerNorm without beta, no parameters; rows of one CTA
-# (4096) and of a cluster (65536).
-@pytest.mark.parametrize("shape", [(32, 4096), (4, 65536)], ids=sid)
+# (4096; 16384, where RMSNorm's per row holds x * gamma) and of a cluster (65536).
+@pytest.mark.parametrize("shape", [(32, 4096), (8, 16384), (4, 65536)], ids=sid)
 @pytest.mark.parametrize("kind,params", [("rms", "f32"), ("rms", "zero_centered"), ("rms", "none"),
                                          ("layer", "f32"), ("layer", "zero_centered"), ("layer", "no_beta"),
                                          ("layer", "none")])
@@ -362,8 +364,9 @@ def test_fp8_params(kind, params, quant, shape, platform):
 # More rows than the GPU's persistent slots: the FP8 forward walks several
 # rows per slot through every stage of its shared-memory ring, and under vmap
 # a slot's rows cross from one tensor (one amax) to the next. At 1024,
-# LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100).
-@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (300, 65536)], ids=sid)
+# LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100); at
+# 8192, RMSNorm's per row holds x * gamma in 256-thread CTAs.
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (300, 65536)], ids=sid)
 @pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])

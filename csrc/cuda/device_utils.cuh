@@ -556,17 +556,25 @@ __device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&
 // RMSNorm's row sums where the row's FP8 scale or amax is found with them:
 // acc[0] += sum(v^2), acc[1] = max(acc[1], |v * scale|) for the N columns
 // from `col` (scale as load_scale). rstd > 0 is common to the row, so max |y|
-// = rstd * acc[1] once both are reduced (SumAbsMaxOp).
+// = rstd * acc[1] once both are reduced (SumAbsMaxOp). `scaled` receives
+// v * scale, for a caller that keeps it (y = rstd * scaled).
 template <int N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
-                                                  int64_t col, bool zero_centered) {
+                                                  int64_t col, bool zero_centered, float (&scaled)[N]) {
   float s[N];
   load_scale<N>(gamma, col, zero_centered, s);
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     acc[0] += v[j] * v[j];
-    acc[1] = max_abs(acc[1], v[j] * s[j]);
+    scaled[j] = v[j] * s[j];
+    acc[1] = max_abs(acc[1], scaled[j]);
   }
+}
+template <int N, class P>
+__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
+                                                  int64_t col, bool zero_centered) {
+  float scaled[N];
+  add_sq_scaled_max<N>(acc, v, gamma, col, zero_centered, scaled);
 }
 
 // LayerNorm's mean and m2 = sum((v - mean)^2) over `n` values from the

@@ -632,8 +632,13 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // 237.4 / 234.0, 512x262144 301.1 / 300.0 -> 269.6 / 266.3 (float16
 // 2048x65536 263.0 / 261.0 -> 235.5 / 235.4). float32 x (16 registers
 // more) lost at 8192x16384, 365.5 / 357.9 -> 377.2 / 376.0, and is not held.
+// RMSNorm's per row takes its max with the sums (kRowMaxFirst below), so it
+// has one pass to quantize; holding x * gamma from the sums pass (HOLD_Y)
+// spares that pass the stage's and gamma's reads again. It gains where one
+// CTA of 256-512 threads holds the row (kSliceRmsHoldThreads); launchers
+// choose it there.
 template <NormKind K, Quant Q, class T>
-constexpr bool kSliceHoldY = K == NormKind::kLayer && Q == Quant::kRow && sizeof(T) == 2;
+constexpr bool kSliceHoldY = Q == Quant::kRow && sizeof(T) == 2;
 
 // REFILL_AT_END: across a cluster, a row's stage takes the row after next at
 // the row's end (after a barrier where the output pass read the stage; with
@@ -666,12 +671,17 @@ constexpr bool kSliceRefillAtEnd =
 // 210 -> 213 us.
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
-// With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
-// (rows of over 131072 16-bit columns), thread 0 also asks L2 for its
-// slice of the row after the one it copies in (bulk_prefetch_l2): a third
-// row on its way without a third stage. One build with a knob, on an H100,
-// bf16, us, two rounds (RESULTS.md, "An L2 prefetch a row ahead"):
-// 512x262144 210.5 / 209.6 -> 200.3 / 200.4; at 2048x65536 (clusters of 4)
+// With STAGED_PARAMS, and for LayerNorm's per-row FP8 (kDeferQuant), in
+// clusters of at least kSliceL2AheadCluster CTAs (rows of over 131072
+// 16-bit columns), thread 0 also asks L2 for its slice of the row after the
+// one it copies in (bulk_prefetch_l2): a third row on its way without a
+// third stage. The prologue's first copy asks for nothing (the second copy
+// follows at once). LayerNorm's per row, same-call A/B on an H100, bf16,
+// 512x262144, us: 253.7 / 248.4 -> 237.7 / 243.2 (the plain forward's
+// prologue without that prefetch: 205.6 / 202.3 -> 202.8 / 200.8). The
+// plain forward's, one build with a knob, on an H100, bf16, us, two rounds
+// (RESULTS.md, "An L2 prefetch a row ahead"): 512x262144 210.5 / 209.6 ->
+// 200.3 / 200.4; at 2048x65536 (clusters of 4)
 // it lost, 205.3 / 203.0 -> 214.7 / 212.4, as it did for RMSNorm's
 // per-thread copies at both widths (204 -> 246 us and 202 -> 239) and for
 // LayerNorm's per-tensor FP8.
@@ -695,8 +705,8 @@ template <NormKind K, Quant Q>
 constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false,
-          bool STAGED_PARAMS = false>
-__global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || kSliceHoldY<K, Q, T> ? 2 : 3)
+          bool STAGED_PARAMS = false, bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>>
+__global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || HOLD_Y ? 2 : 3)
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
@@ -704,8 +714,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   static_assert(!REFILL_AT_END || (!ONE_CTA && kSliceRefillAtEnd<K, Q>), "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
+  static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row FP8 of 16-bit x");
   // A row's quantization waits for the next row's sums push (see pending).
-  constexpr bool kDeferQuant = REFILL_AT_END && kSliceHoldY<K, Q, T>;
+  constexpr bool kDeferQuant = REFILL_AT_END && HOLD_Y;
   constexpr bool kOwnCopies = REFILL_AT_END && kSliceOwnCopies<K, Q>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
@@ -728,6 +739,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   const int64_t slot = blockIdx.x / cluster;
   const int packs = kSliceItems * blockDim.x;
   const int first = rank * packs * VEC;  // hidden < 2^31
+  // Pack i of this thread in a stage (or in the staged parameters), and its
+  // column in the CTA's slice.
+  auto pack = [&](int i) { return i * blockDim.x + threadIdx.x; };
   auto local = [&](int i) { return (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * VEC; };
   auto x_slice = [&](int64_t r) { return static_cast<const T*>(a.x) + r * H + first; };  // row r's slice
   bool in[kSliceItems];
@@ -743,9 +757,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   BulkStages ring(landed);
   ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
-  auto prefetch = [&](int64_t r, int st) {
-    if constexpr (STAGED_PARAMS) {
-      if (cluster >= kSliceL2AheadCluster && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
+  auto prefetch = [&](int64_t r, int st, bool l2_ahead = true) {
+    if constexpr (STAGED_PARAMS || kDeferQuant) {
+      if (l2_ahead && cluster >= kSliceL2AheadCluster && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
         bulk_prefetch_l2(x_slice(r + used), slice_bytes);
       }
     }
@@ -753,7 +767,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       if (r < rows) {
 #pragma unroll
         for (int i = 0; i < kSliceItems; ++i) {
-          if (in[i]) cp_async16(stages + st * packs + i * blockDim.x + threadIdx.x, x_slice(r) + local(i));
+          if (in[i]) cp_async16(stages + st * packs + pack(i), x_slice(r) + local(i));
         }
       }
       cp_async_commit();
@@ -762,7 +776,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     }
   };
   auto read = [&](int st, int i, float (&v)[VEC]) {
-    unpack(reinterpret_cast<const Vec*>(stages + st * packs)[i * blockDim.x + threadIdx.x], v);
+    unpack(reinterpret_cast<const Vec*>(stages + st * packs)[pack(i)], v);
   };
   // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
   // walked so far, merged into amax (one atomic per CTA) when the CTA moves
@@ -778,7 +792,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 
   // REFILL_AT_END (kSliceRefillAtEnd): the prologue fills both stages, and
   // a row's stage takes the row after next at the row's end.
-  prefetch(slot, 0);
+  // (The first row's copy asks L2 for nothing: the second's follows at once.)
+  prefetch(slot, 0, !REFILL_AT_END);
   if constexpr (REFILL_AT_END) prefetch(slot + used, 1);
   // With y held as well (kDeferQuant), a row's quantization waits until the
   // next row's sums are pushed: the exchange of the row's max then overlaps
@@ -786,7 +801,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // the pending row's y, `pending` names it (-1: none). Same-call A/B on an
   // H100, bf16, us, LayerNorm per row: 512x262144 268.3 / 272.5 -> 246.4 /
   // 245.0; 2048x65536 239.2 / 239.7 -> 241.1 / 241.5.
-  [[maybe_unused]] float ys[kSliceHoldY<K, Q, T> ? kSliceItems : 1][VEC];
+  [[maybe_unused]] float ys[HOLD_Y ? kSliceItems : 1][VEC];
   [[maybe_unused]] int64_t pending = -1;
   [[maybe_unused]] auto quantize_pending = [&](int parity) {
     if constexpr (kDeferQuant) {
@@ -836,9 +851,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             } else {
               ParamPack pk;
               load_raw(gamma + first + local(i), pk);
-              sparams[i * blockDim.x + threadIdx.x] = pk;
+              sparams[pack(i)] = pk;
               load_raw(beta + first + local(i), pk);
-              sparams[packs + i * blockDim.x + threadIdx.x] = pk;
+              sparams[packs + pack(i)] = pk;
             }
           }
         }
@@ -852,7 +867,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       if (in[i]) {
         float v[VEC];
         read(st, i, v);
-        if constexpr (kRowMaxFirst) {  // RMSNorm: no shift
+        if constexpr (kRowMaxFirst && HOLD_Y) {  // RMSNorm: no shift; x * scale held
+          add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
+        } else if constexpr (kRowMaxFirst) {
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
         } else {
           add_shifted_sums<kSums>(acc, v, shift);
@@ -894,7 +911,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       sq = acc[0];
     }
     if constexpr (!REFILL_AT_END) {
-      if constexpr (ONE_CTA || kSliceHoldY<K, Q, T>) ring.order_refill_after_reduction();  // the only CTAs of one warp
+      if constexpr (ONE_CTA || HOLD_Y) ring.order_refill_after_reduction();  // the only CTAs of one warp
       prefetch(row + used, st ^ 1);
     }
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
@@ -922,14 +939,14 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         if constexpr (decltype(plain)::value) {
           float g[VEC];
           if constexpr (STAGED_PARAMS) {
-            unpack(sparams[i * blockDim.x + threadIdx.x], g);
+            unpack(sparams[pack(i)], g);
           } else {
             load_pack<VEC>(gamma + first + local(i), g);
           }
           if constexpr (K == NormKind::kLayer) {
             float b[VEC];
             if constexpr (STAGED_PARAMS) {
-              unpack(sparams[packs + i * blockDim.x + threadIdx.x], b);
+              unpack(sparams[packs + pack(i)], b);
             } else {
               load_pack<VEC>(beta + first + local(i), b);
             }
@@ -989,7 +1006,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 mm[0] = max_abs(mm[0], v[j]);
-                if constexpr (kSliceHoldY<K, Q, T>) ys[i][j] = v[j];
+                if constexpr (HOLD_Y) ys[i][j] = v[j];
               }
             }
             row_sum<1>(mm, smem, AbsMaxOp{});
@@ -1005,7 +1022,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             if (in[i]) {
-              if constexpr (kSliceHoldY<K, Q, T>) {
+              if constexpr (HOLD_Y && kRowMaxFirst) {  // RMSNorm holds x * scale
+                float v[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) v[j] = ys[i][j] * rstd;
+                store_q<VEC>(qrow + local(i), a.fp8, v, inv);
+              } else if constexpr (HOLD_Y) {
                 store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
               } else {
                 float v[VEC];
@@ -1050,7 +1072,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     if constexpr (REFILL_AT_END) {
       // The output pass read the stage (each thread only its own packs with
       // kOwnCopies, which it has read by now).
-      if constexpr (!kSliceHoldY<K, Q, T> && !kOwnCopies) __syncthreads();
+      if constexpr (!HOLD_Y && !kOwnCopies) __syncthreads();
       prefetch(row + 2 * used, st);
     }
   }
@@ -1369,6 +1391,18 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   }
 }
 
+// RMSNorm's per-row FP8 of 16-bit x holds x * gamma (HOLD_Y) where one CTA
+// of at least this many threads takes a row (hidden 8192 to 16384 in bf16).
+// One build, the threshold from the environment, H100, us, two rounds, not
+// held -> held: bf16 16384x8192 160.9 / 159.8 -> 154.1 / 153.1,
+// 8192x16384 167.4 / 168.0 -> 154.3 / 154.0, 10922x12288 level (165.3 /
+// 166.1 -> 164.7 / 166.9); float16 16384x8192 158.2 / 159.0 -> 153.6 /
+// 154.2, 8192x16384 165.2 / 166.9 -> 155.2 / 154.2. Not taken: 128-thread
+// CTAs (hidden 4096: 159.8 / 159.1 -> 166.7 / 166.4, float16 158.4 / 159.1
+// -> 168.1 / 174.4; same-call A/B against 64 registers' lost occupancy),
+// and clusters, level (2048x65536 194.6 / 190.7 -> 190.7 / 190.8,
+// 512x262144 213.2 / 210.9 -> 211.1 / 208.4).
+constexpr int kSliceRmsHoldThreads = 256;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
   if constexpr (sizeof(T) * VEC != 16) {
@@ -1384,6 +1418,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     }
     if constexpr (kSliceRefillAtEnd<K, Q>) {
       if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
+    }
+    if constexpr (K == NormKind::kRms && kSliceHoldY<K, Q, T>) {
+      if (cluster == 1 && tpr >= kSliceRmsHoldThreads) kernel = fwd_slices<K, Q, T, P, VEC, false, false, false, true>;
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
       if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
