@@ -671,20 +671,22 @@ constexpr bool kSliceRefillAtEnd =
 // 210 -> 213 us.
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
-// With STAGED_PARAMS, and for LayerNorm's per-row FP8 (kDeferQuant), in
-// clusters of at least kSliceL2AheadCluster CTAs (rows of over 131072
-// 16-bit columns), thread 0 also asks L2 for its slice of the row after the
-// one it copies in (bulk_prefetch_l2): a third row on its way without a
-// third stage. The prologue's first copy asks for nothing (the second copy
-// follows at once). LayerNorm's per row, same-call A/B on an H100, bf16,
-// 512x262144, us: 253.7 / 248.4 -> 237.7 / 243.2 (the plain forward's
-// prologue without that prefetch: 205.6 / 202.3 -> 202.8 / 200.8). The
-// plain forward's, one build with a knob, on an H100, bf16, us, two rounds
-// (RESULTS.md, "An L2 prefetch a row ahead"): 512x262144 210.5 / 209.6 ->
-// 200.3 / 200.4; at 2048x65536 (clusters of 4)
-// it lost, 205.3 / 203.0 -> 214.7 / 212.4, as it did for RMSNorm's
-// per-thread copies at both widths (204 -> 246 us and 202 -> 239) and for
-// LayerNorm's per-tensor FP8.
+// With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
+// (rows of over 131072 16-bit columns), and for LayerNorm's per-row FP8
+// (kDeferQuant) in any cluster, thread 0 also asks L2 for its slice of the
+// row after the one it copies in (bulk_prefetch_l2): a third row on its way
+// without a third stage. The prologue's first copy asks for nothing (the
+// second copy follows at once). LayerNorm's per row, same-call A/Bs on an
+// H100, bf16, us, two rounds: 512x262144 253.7 / 248.4 -> 237.7 / 243.2
+// (the plain forward's prologue without that prefetch: 205.6 / 202.3 ->
+// 202.8 / 200.8); from clusters of 2, 4096x32768 230.5 / 258.0 -> 213.4 /
+// 212.6, 2048x65536 242.8 / 245.5 -> 232.3 / 233.1, 1024x131072 234.1 /
+// 232.8 -> 227.1 / 225.1. The plain forward's, one build with a knob, on
+// an H100, bf16, us, two rounds (RESULTS.md, "An L2 prefetch a row
+// ahead"): 512x262144 210.5 / 209.6 -> 200.3 / 200.4; at 2048x65536
+// (clusters of 4) it lost, 205.3 / 203.0 -> 214.7 / 212.4, as it did for
+// RMSNorm's per-thread copies at both widths (204 -> 246 us and 202 -> 239)
+// and for LayerNorm's per-tensor FP8.
 constexpr int kSliceL2AheadCluster = 16;
 
 // kSliceOwnCopies: RMSNorm's plain forward across a cluster fills its
@@ -759,7 +761,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st, bool l2_ahead = true) {
     if constexpr (STAGED_PARAMS || kDeferQuant) {
-      if (l2_ahead && cluster >= kSliceL2AheadCluster && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
+      if (l2_ahead && (kDeferQuant || cluster >= kSliceL2AheadCluster) && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
         bulk_prefetch_l2(x_slice(r + used), slice_bytes);
       }
     }
