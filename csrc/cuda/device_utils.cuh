@@ -318,10 +318,13 @@ struct SumOp {
 struct AbsMaxOp {
   __device__ __forceinline__ float operator()(int, float a, float b) const { return abs_max(a, b); }
 };
-// Value 0 summed, value 1 a maximum of absolute values (one reduction for both).
-struct SumAbsMaxOp {
-  __device__ __forceinline__ float operator()(int m, float a, float b) const { return m == 0 ? a + b : abs_max(a, b); }
+// Values 0..S-1 summed, the next a maximum of absolute values (one
+// reduction for all).
+template <int S>
+struct SumsAbsMaxOp {
+  __device__ __forceinline__ float operator()(int m, float a, float b) const { return m < S ? a + b : abs_max(a, b); }
 };
+using SumAbsMaxOp = SumsAbsMaxOp<1>;
 
 // *p = abs_max(*p, v) for a non-negative v; *p must start non-negative
 // (zeroed in the stream before the kernel). Skips the atomic when *p is
@@ -615,9 +618,10 @@ __device__ __forceinline__ void warp_sum(float (&v)[M], int width, Op op = {}) {
 // give equal sums, so every thread gets the same bits), instead of a loop
 // over the warps in every thread: with 16 warps and two sums about 20
 // instructions a thread and row instead of about 100.
-template <int M, class Op = SumOp, bool LEAD = false, bool BUTTERFLY = false>
+// WARPS: the most warps a row may have (M values of each fit kRowSumSmem).
+template <int M, class Op = SumOp, bool LEAD = false, bool BUTTERFLY = false, int WARPS = kMaxBlockWarps>
 __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) {
-  static_assert(M * kMaxBlockWarps <= kRowSumSmem, "row_sum: scratch too small");
+  static_assert(M * WARPS <= kRowSumSmem, "row_sum: scratch too small");
   static_assert(!(LEAD && BUTTERFLY), "row_sum: LEAD adds in one thread");
   const int tpr = blockDim.x;
   warp_sum<M>(v, tpr < 32 ? tpr : 32, op);
@@ -653,9 +657,9 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
 // fwd_regs (up to 32 warps a row): there ptxas then put each of a row's
 // loads in a branch of its own with its unpacking, so that they waited for
 // each other (LayerNorm 32768x4096 188 -> 238 us).
-template <int M, class Op = SumOp>
+template <int M, class Op = SumOp, int WARPS = kMaxBlockWarps>
 __device__ __forceinline__ void row_sum_wide(float (&v)[M], float* smem, Op op = {}) {
-  row_sum<M, Op, false, true>(v, smem, op);
+  row_sum<M, Op, false, true, WARPS>(v, smem, op);
 }
 
 template <int M>

@@ -719,6 +719,14 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row FP8 of 16-bit x");
   // A row's quantization waits for the next row's sums push (see pending).
   constexpr bool kDeferQuant = REFILL_AT_END && HOLD_Y;
+  // LayerNorm's per row where one CTA takes a row: the row's max is reduced
+  // with the next row's sums (one block reduction a row instead of two),
+  // and the row is quantized after it (see pending). Same-call A/B on an
+  // H100, us, two rounds: bf16 131072x1024 188.1 / 189.0 -> 184.1 / 185.6,
+  // 32768x4096 184.8 / 185.2 -> 182.1 / 184.2, 16384x8192 183.2 / 184.2 ->
+  // 180.0 / 180.3, 8192x16384 187.0 / 181.9 -> 174.5 / 175.6; float16
+  // 32768x4096 level, 8192x16384 187.3 / 186.2 -> 175.0 / 175.3.
+  constexpr bool kMergeMax = !REFILL_AT_END && HOLD_Y && K == NormKind::kLayer;
   constexpr bool kOwnCopies = REFILL_AT_END && kSliceOwnCopies<K, Q>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
@@ -803,14 +811,13 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // the pending row's y, `pending` names it (-1: none). Same-call A/B on an
   // H100, bf16, us, LayerNorm per row: 512x262144 268.3 / 272.5 -> 246.4 /
   // 245.0; 2048x65536 239.2 / 239.7 -> 241.1 / 241.5.
+  // With kMergeMax, `pending_max` is this thread's max |y| of that row.
   [[maybe_unused]] float ys[HOLD_Y ? kSliceItems : 1][VEC];
   [[maybe_unused]] int64_t pending = -1;
-  [[maybe_unused]] auto quantize_pending = [&](int parity) {
-    if constexpr (kDeferQuant) {
-      float mm[1];
-      max_exchange.take(mm, parity);  // lane q: rank q's max
-      warp_sum<1>(mm, 32, AbsMaxOp{});
-      const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+  [[maybe_unused]] float pending_max = 0.f;
+  [[maybe_unused]] auto store_pending = [&](float row_max) {  // the held y of row `pending`
+    if constexpr (HOLD_Y && K == NormKind::kLayer) {
+      const float scale = quant_scale(row_max, a.fp8, a.scale_ub);
       const float inv = 1.f / scale;
       uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + pending * H + first);
 #pragma unroll
@@ -819,6 +826,14 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[pending] = scale;
       pending = -1;
+    }
+  };
+  [[maybe_unused]] auto quantize_pending = [&](int parity) {
+    if constexpr (kDeferQuant) {
+      float mm[1];
+      max_exchange.take(mm, parity);  // lane q: rank q's max
+      warp_sum<1>(mm, 32, AbsMaxOp{});
+      store_pending(mm[0]);
     }
   };
   int st = 0;
@@ -878,7 +893,15 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         }
       }
     }
-    row_sum_wide<kRed>(acc, smem, RedOp{});
+    if constexpr (kMergeMax) {
+      float red[3] = {acc[0], acc[1], pending_max};
+      row_sum_wide<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
+      acc[0] = red[0];
+      acc[1] = red[1];
+      if (pending >= 0) store_pending(red[2]);  // the previous row's
+    } else {
+      row_sum_wide<kRed>(acc, smem, RedOp{});
+    }
     float mean = 0.f, sq;  // sq: sum((x - mean)^2) over the row (RMSNorm: mean 0)
     if constexpr (K == NormKind::kLayer) {
       // Each CTA takes its slice's mean and squared deviations (around the
@@ -1011,6 +1034,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 if constexpr (HOLD_Y) ys[i][j] = v[j];
               }
             }
+            if constexpr (kMergeMax) {  // reduced with the next row's sums
+              pending_max = mm[0];
+              pending = row;
+              return;
+            }
             row_sum<1>(mm, smem, AbsMaxOp{});
             if constexpr (kDeferQuant) {  // quantized once the next row's sums are pushed
               max_exchange.push(mm, st);
@@ -1080,6 +1108,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   }
   if constexpr (kDeferQuant) {
     if (pending >= 0) quantize_pending(st ^ 1);  // the last row's
+  }
+  if constexpr (kMergeMax) {  // the last row's (uniform over the CTA)
+    float mm[1] = {pending_max};
+    row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    store_pending(mm[0]);
   }
   if constexpr (Q == Quant::kTensor) merge_tensor_max();
   if (cluster > 1) cluster_done();
