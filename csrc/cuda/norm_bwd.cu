@@ -261,9 +261,12 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * rpg;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   const int packs = kSliceItems * blockDim.x;
+  // Pack i of this thread in a stage (or in the staged gamma), and its
+  // column in the CTA's slice.
+  auto pack = [&](int i) { return i * blockDim.x + threadIdx.x; };
   auto local = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
   auto stage = [&](int st, int tensor, int i) {
-    return reinterpret_cast<const Vec*>(stages + (2 * st + tensor) * packs + i * blockDim.x + threadIdx.x);
+    return reinterpret_cast<const Vec*>(stages + (2 * st + tensor) * packs + pack(i));
   };
   const int64_t slice_elems = slice_columns(rank, static_cast<int64_t>(packs) * VEC, H);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
@@ -298,8 +301,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   if (gamma != nullptr) {
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
-      if (first + local(i) < H)
-        sgamma[i * blockDim.x + threadIdx.x] = *reinterpret_cast<const GammaPack*>(gamma + first + local(i));
+      if (first + local(i) < H) load_raw(gamma + first + local(i), sgamma[pack(i)]);
     }
   }
 
@@ -310,7 +312,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // gamma + 1).
   auto walk_rows = [&](auto plain) {
     auto scale_of = [&](int i, float(&s)[VEC]) {
-      auto staged = [&](float(&g)[VEC]) { unpack(sgamma[i * blockDim.x + threadIdx.x], g); };
+      auto staged = [&](float(&g)[VEC]) { unpack(sgamma[pack(i)], g); };
       if constexpr (decltype(plain)::value) {
         staged(s);
       } else {
