@@ -579,9 +579,11 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 // 226.7 / 223.7; the rest level), and in bwd_slices loading the row's
 // rstd before the stage's wait (rms_bwd 2048x65536 349.4 / 351.9 -> 360.7
 // / 357.7). The FP8
-// outputs read y's inputs from the stage again for each pass they need (the
-// row's max, then the quantized store) instead of holding y in registers,
-// and per-tensor amax is merged once per CTA and tensor, not once per row.
+// outputs read y's inputs from the stage again for each pass they need,
+// except the per-row ones of 16-bit x, which hold y (LayerNorm) or x *
+// gamma (RMSNorm) in registers between the row's max and the quantized
+// store (kSliceHoldY), and per-tensor amax is merged once per CTA and
+// tensor, not once per row.
 // The FP8 variants are bound by instruction issue, not DRAM (Nsight, H100),
 // so a pack's work is kept short: the row's parameter and output pointers
 // are held in registers (held) instead of being re-derived for every pack,
