@@ -680,8 +680,8 @@ constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone &
 // without a third stage. The prologue's first copy asks for nothing (the
 // second copy follows at once). LayerNorm's per row, same-call A/Bs on an
 // H100, bf16, us, two rounds: 512x262144 253.7 / 248.4 -> 237.7 / 243.2
-// (the plain forward's prologue without that prefetch: 205.6 / 202.3 ->
-// 202.8 / 200.8); from clusters of 2, 4096x32768 230.5 / 258.0 -> 213.4 /
+// (the plain forward, whose prologue lost that prefetch in the same build,
+// level: 205.6 / 202.3 -> 202.8 / 200.8); from clusters of 2, 4096x32768 230.5 / 258.0 -> 213.4 /
 // 212.6, 2048x65536 242.8 / 245.5 -> 232.3 / 233.1, 1024x131072 234.1 /
 // 232.8 -> 227.1 / 225.1. The plain forward's, one build with a knob, on
 // an H100, bf16, us, two rounds (RESULTS.md, "An L2 prefetch a row
@@ -771,7 +771,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st, bool l2_ahead = true) {
     if constexpr (STAGED_PARAMS || kDeferQuant) {
-      if (l2_ahead && (kDeferQuant || cluster >= kSliceL2AheadCluster) && threadIdx.x == 0 && r + used < rows && slice_bytes > 0) {
+      if (l2_ahead && (kDeferQuant || cluster >= kSliceL2AheadCluster) && threadIdx.x == 0 && r + used < rows &&
+          slice_bytes > 0) {
         bulk_prefetch_l2(x_slice(r + used), slice_bytes);
       }
     }
@@ -1436,8 +1437,8 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // 166.1 -> 164.7 / 166.9); float16 16384x8192 158.2 / 159.0 -> 153.6 /
 // 154.2, 8192x16384 165.2 / 166.9 -> 155.2 / 154.2. Not taken: 128-thread
 // CTAs (hidden 4096: 159.8 / 159.1 -> 166.7 / 166.4, float16 158.4 / 159.1
-// -> 168.1 / 174.4; same-call A/B against 64 registers' lost occupancy),
-// and clusters, level (2048x65536 194.6 / 190.7 -> 190.7 / 190.8,
+// -> 168.1 / 174.4, same-call A/B; 64 registers allow 8 such CTAs an SM
+// against 12 at 40), and clusters, level (2048x65536 194.6 / 190.7 -> 190.7 / 190.8,
 // 512x262144 213.2 / 210.9 -> 211.1 / 208.4).
 constexpr int kSliceRmsHoldThreads = 256;
 template <NormKind K, Quant Q, class T, class P, int VEC>
