@@ -743,8 +743,9 @@ struct ClusterPush {
 #ifdef JRN_NO_CLUSTERS
     __trap();
 #else
-    // Lane q of the first warp pushes to rank q (M = 2: one 8-byte store).
-    static_assert(M == 1 || M == 2, "ClusterPush: one or two values a row");
+    // Lane q of the first warp pushes to rank q in one store (M = 2: 8
+    // bytes; M = 4: 16, the slots aligned to 16 bytes).
+    static_assert(M == 1 || M == 2 || M == 4, "ClusterPush: one, two or four values a row");
     if (threadIdx.y == 0 && threadIdx.x < size) {
       if (threadIdx.x == 0) mbar_expect(&bars[parity], static_cast<unsigned>(size * M * sizeof(float)));
       const int q = static_cast<int>(threadIdx.x);
@@ -754,9 +755,13 @@ struct ClusterPush {
       if constexpr (M == 1) {
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
                      ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(rbar) : "memory");
-      } else {
+      } else if constexpr (M == 2) {
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
                      ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");
+      } else {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
+                     "r"(__float_as_uint(v[3])), "r"(rbar) : "memory");
       }
     }
 #endif

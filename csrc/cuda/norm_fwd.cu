@@ -643,8 +643,8 @@ template <NormKind K, Quant Q, class T>
 constexpr bool kSliceHoldY = Q == Quant::kRow && sizeof(T) == 2;
 
 // REFILL_AT_END: across a cluster, a row's stage takes the row after next at
-// the row's end (after a barrier where the output pass read the stage; with
-// y held it was last read in the first pass), instead of the next row right
+// the row's end (after a barrier: the row's last pass read the stage),
+// instead of the next row right
 // after the reduction: two rows' copies in flight in the same two stages.
 // Same-call A/Bs (RESULTS.md 6u, 6v), bf16, us: RMSNorm 2048x65536 201 ->
 // 197-200 and 512x262144 216 -> 204, LayerNorm 223 -> 209 and 230 -> 215,
@@ -675,7 +675,7 @@ template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
 // (rows of over 131072 16-bit columns), and for LayerNorm's per-row FP8
-// (kDeferQuant) in any cluster, thread 0 also asks L2 for its slice of the
+// (kClusterMerge) in any cluster, thread 0 also asks L2 for its slice of the
 // row after the one it copies in (bulk_prefetch_l2): a third row on its way
 // without a third stage. The prologue's first copy asks for nothing (the
 // second copy follows at once). LayerNorm's per row, same-call A/Bs on an
@@ -719,16 +719,16 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row FP8 of 16-bit x");
-  // A row's quantization waits for the next row's sums push (see pending).
-  constexpr bool kDeferQuant = REFILL_AT_END && HOLD_Y;
-  // LayerNorm's per row where one CTA takes a row: the row's max is reduced
-  // with the next row's sums (one block reduction a row instead of two),
-  // and the row is quantized after it (see pending). Same-call A/B on an
-  // H100, us, two rounds: bf16 131072x1024 188.1 / 189.0 -> 184.1 / 185.6,
-  // 32768x4096 184.8 / 185.2 -> 182.1 / 184.2, 16384x8192 183.2 / 184.2 ->
-  // 180.0 / 180.3, 8192x16384 187.0 / 181.9 -> 174.5 / 175.6; float16
-  // 32768x4096 level, 8192x16384 187.3 / 186.2 -> 175.0 / 175.3.
-  constexpr bool kMergeMax = !REFILL_AT_END && HOLD_Y && K == NormKind::kLayer;
+  // LayerNorm's per row (y held): the row's max is reduced with the next
+  // row's sums (one block reduction a row instead of two; across a cluster
+  // also one push a row, kClusterMerge), and the row is quantized after it
+  // (see pending). Same-call A/B on an H100, us, two rounds, one CTA a row:
+  // bf16 131072x1024 188.1 / 189.0 -> 184.1 / 185.6, 32768x4096 184.8 /
+  // 185.2 -> 182.1 / 184.2, 16384x8192 183.2 / 184.2 -> 180.0 / 180.3,
+  // 8192x16384 187.0 / 181.9 -> 174.5 / 175.6; float16 32768x4096 level,
+  // 8192x16384 187.3 / 186.2 -> 175.0 / 175.3.
+  constexpr bool kMergeMax = HOLD_Y && K == NormKind::kLayer;
+  constexpr bool kClusterMerge = kMergeMax && REFILL_AT_END;
   constexpr bool kOwnCopies = REFILL_AT_END && kSliceOwnCopies<K, Q>;
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
@@ -739,9 +739,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   constexpr bool kRowMaxFirst = Q == Quant::kRow && K == NormKind::kRms;
   constexpr int kRed = kRowMaxFirst ? 2 : kSums;
   using RedOp = std::conditional_t<kRowMaxFirst, SumAbsMaxOp, SumOp>;
+  // Values a CTA pushes a row: kClusterMerge's {slice mean, slice squared
+  // deviations, the pending row's max, unused} go in one 16-byte store.
+  constexpr int kXchg = kClusterMerge ? 4 : kRed;
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
-  __shared__ alignas(8) float xchg[2][kMaxCluster][kRed];
+  __shared__ alignas(kXchg == 4 ? 16 : 8) float xchg[2][kMaxCluster][kXchg];
   // LayerNorm's per-row FP8: the row maxima's own exchange (its row max
   // comes after the sums, from y).
   __shared__ alignas(8) float xmax[2][kMaxCluster][1];
@@ -767,11 +770,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   const int64_t slice_elems = slice_of(rank);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
-  ClusterPush<kRed> exchange(xchg, pushed, cluster, rank);
+  ClusterPush<kXchg> exchange(xchg, pushed, cluster, rank);
   ClusterPush<1> max_exchange(xmax, max_pushed, Q == Quant::kRow && !kRowMaxFirst ? cluster : 1, rank);
   auto prefetch = [&](int64_t r, int st, bool l2_ahead = true) {
-    if constexpr (STAGED_PARAMS || kDeferQuant) {
-      if (l2_ahead && (kDeferQuant || cluster >= kSliceL2AheadCluster) && threadIdx.x == 0 && r + used < rows &&
+    if constexpr (STAGED_PARAMS || kClusterMerge) {
+      if (l2_ahead && (kClusterMerge || cluster >= kSliceL2AheadCluster) && threadIdx.x == 0 && r + used < rows &&
           slice_bytes > 0) {
         bulk_prefetch_l2(x_slice(r + used), slice_bytes);
       }
@@ -808,13 +811,13 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // (The first row's copy asks L2 for nothing: the second's follows at once.)
   prefetch(slot, 0, !REFILL_AT_END);
   if constexpr (REFILL_AT_END) prefetch(slot + used, 1);
-  // With y held as well (kDeferQuant), a row's quantization waits until the
-  // next row's sums are pushed: the exchange of the row's max then overlaps
-  // the next row's sums pass instead of being waited on alone. `ys` holds
-  // the pending row's y, `pending` names it (-1: none). Same-call A/B on an
-  // H100, bf16, us, LayerNorm per row: 512x262144 268.3 / 272.5 -> 246.4 /
-  // 245.0; 2048x65536 239.2 / 239.7 -> 241.1 / 241.5.
-  // With kMergeMax, `pending_max` is this thread's max |y| of that row.
+  // kMergeMax: `ys` holds the pending row's y, `pending` names it (-1:
+  // none), and `pending_max` is this thread's max |y| of it (after the next
+  // row's block reduction, the CTA's). Across a cluster its max travels
+  // with the next row's slice sums (kClusterMerge): one push a row. It had
+  // a push of its own before, taken after the next row's sums were pushed
+  // (itself 512x262144 268.3 / 272.5 -> 246.4 / 245.0 us against waiting
+  // for the max within the row).
   [[maybe_unused]] float ys[HOLD_Y ? kSliceItems : 1][VEC];
   [[maybe_unused]] int64_t pending = -1;
   [[maybe_unused]] float pending_max = 0.f;
@@ -829,14 +832,6 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[pending] = scale;
       pending = -1;
-    }
-  };
-  [[maybe_unused]] auto quantize_pending = [&](int parity) {
-    if constexpr (kDeferQuant) {
-      float mm[1];
-      max_exchange.take(mm, parity);  // lane q: rank q's max
-      warp_sum<1>(mm, 32, AbsMaxOp{});
-      store_pending(mm[0]);
     }
   };
   int st = 0;
@@ -901,7 +896,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       row_sum_wide<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
       acc[0] = red[0];
       acc[1] = red[1];
-      if (pending >= 0) store_pending(red[2]);  // the previous row's
+      pending_max = red[2];
+      if constexpr (!kClusterMerge) {
+        if (pending >= 0) store_pending(pending_max);  // the previous row's
+      }
     } else {
       row_sum_wide<kRed>(acc, smem, RedOp{});
     }
@@ -910,22 +908,27 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       // Each CTA takes its slice's mean and squared deviations (around the
       // slice's own shift, read from its stage), and the slices are merged
       // weighted by their sizes (Chan et al.'s pairwise update, all at once).
-      float part[2] = {0.f, 0.f};  // {slice mean, slice sum of squared deviations}
+      float part[kXchg] = {};  // {slice mean, slice sum of squared deviations[, kClusterMerge's]}
       if (slice_elems > 0) {
         const float2 mean_m2 = shifted_mean_m2(acc, shift, slice_elems);
         part[0] = mean_m2.x;
         part[1] = mean_m2.y;
       }
+      if constexpr (kClusterMerge) part[2] = pending_max;
       if (cluster > 1) {
         exchange.push(part, st);
-        if constexpr (kDeferQuant) {
-          if (pending >= 0) quantize_pending(st ^ 1);  // the previous row's
-        }
         exchange.take(part, st);  // lane q: rank q's slice
         const float n = static_cast<float>(slice_of(threadIdx.x % 32));
-        float w[1] = {n * part[0]};
-        warp_sum<1>(w, 32);
-        mean = w[0] / static_cast<float>(H);
+        if constexpr (kClusterMerge) {  // the slices' weighted means and the pending row's max, one butterfly
+          float w[2] = {n * part[0], part[2]};
+          warp_sum<2>(w, 32, SumAbsMaxOp{});
+          mean = w[0] / static_cast<float>(H);
+          pending_max = w[1];
+        } else {
+          float w[1] = {n * part[0]};
+          warp_sum<1>(w, 32);
+          mean = w[0] / static_cast<float>(H);
+        }
         const float d = part[0] - mean;
         float m2[1] = {part[1] + n * d * d};
         warp_sum<1>(m2, 32);
@@ -933,6 +936,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       } else {
         mean = part[0];
         sq = part[1];
+      }
+      if constexpr (kClusterMerge) {
+        if (pending >= 0) store_pending(pending_max);  // the previous row's
       }
     } else {
       exchange.sum(acc, st, RedOp{});
@@ -1037,17 +1043,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 if constexpr (HOLD_Y) ys[i][j] = v[j];
               }
             }
-            if constexpr (kMergeMax) {  // reduced with the next row's sums
+            if constexpr (kMergeMax) {  // reduced (and pushed) with the next row's sums
               pending_max = mm[0];
               pending = row;
               return;
             }
             row_sum<1>(mm, smem, AbsMaxOp{});
-            if constexpr (kDeferQuant) {  // quantized once the next row's sums are pushed
-              max_exchange.push(mm, st);
-              pending = row;
-              return;
-            }
             max_exchange.sum(mm, st, AbsMaxOp{});  // a cluster of one: nothing to do
           }
           const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
@@ -1105,16 +1106,23 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     if constexpr (REFILL_AT_END) {
       // The output pass read the stage (each thread only its own packs with
       // kOwnCopies, which it has read by now).
-      if constexpr (!HOLD_Y && !kOwnCopies) __syncthreads();
+      if constexpr (!kOwnCopies) __syncthreads();
       prefetch(row + 2 * used, st);
     }
   }
-  if constexpr (kDeferQuant) {
-    if (pending >= 0) quantize_pending(st ^ 1);  // the last row's
-  }
-  if constexpr (kMergeMax) {  // the last row's (uniform over the CTA)
+  if constexpr (kMergeMax) {  // the last row's (uniform over the cluster)
     float mm[1] = {pending_max};
     row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    if constexpr (kClusterMerge) {
+      if (cluster > 1) {
+        float part[kXchg] = {0.f, 0.f, mm[0], 0.f};
+        exchange.push(part, st);
+        exchange.take(part, st);
+        float w[1] = {part[2]};
+        warp_sum<1>(w, 32, AbsMaxOp{});
+        mm[0] = w[0];
+      }
+    }
     store_pending(mm[0]);
   }
   if constexpr (Q == Quant::kTensor) merge_tensor_max();
