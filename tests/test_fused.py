@@ -221,11 +221,14 @@ def test_fp8_rowwise(kind, dtype, shape, fmt, platform):
 
 
 # Per-row FP8 with many rows a cluster walks (the exchange buffers reused
-# row after row): 300x65536 on a GPU, a cluster of 4 CTAs a row.
+# row after row; a row's max pushed with the next row's sums): 300x65536 on a
+# GPU, a cluster of 4 CTAs a row; 200x65544, clusters of 8 whose last three
+# CTAs hold no columns (and the fifth 8), several rows a cluster.
+@pytest.mark.parametrize("shape", [(300, 65536), (200, 65544)], ids=sid)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
-def test_fp8_rowwise_many_rows(kind, platform):
-    _check_fp8_rowwise(kind, jnp.bfloat16, (300, 65536), E4M3, platform, "rmany")
+def test_fp8_rowwise_many_rows(kind, shape, platform):
+    _check_fp8_rowwise(kind, jnp.bfloat16, shape, E4M3, platform, "rmany")
 
 
 def _check_fp8_rowwise(kind, dtype, shape, fmt, platform, tag):
