@@ -637,21 +637,23 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // RMSNorm's per row takes its max with the sums (kRowMaxFirst below), so it
 // has one pass to quantize; holding x * gamma from the sums pass (HOLD_Y)
 // spares that pass the stage's and gamma's reads again. It gains where one
-// CTA of 256-512 threads holds the row (kSliceRmsHoldThreads); launchers
-// choose it there.
+// CTA of 256-512 threads holds the row (kSliceRmsHoldThreads) and across a
+// cluster (with REFILL_AT_END); launchers choose it there.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceHoldY = Q == Quant::kRow && sizeof(T) == 2;
 
 // REFILL_AT_END: across a cluster, a row's stage takes the row after next at
-// the row's end (after a barrier: the row's last pass read the stage),
-// instead of the next row right
-// after the reduction: two rows' copies in flight in the same two stages.
+// the row's end (after a barrier: the row's last pass read the stage; for
+// RMSNorm's per row holding x * gamma, which reads it in the sums pass
+// alone, after the sums' reduction), instead of the next row right after
+// the reduction: two rows' copies in flight in the same two stages.
 // Same-call A/Bs (RESULTS.md 6u, 6v), bf16, us: RMSNorm 2048x65536 201 ->
 // 197-200 and 512x262144 216 -> 204, LayerNorm 223 -> 209 and 230 -> 215,
 // its per-tensor FP8 190 -> 181 and 211 -> 197 (H100); LayerNorm's per-row
-// FP8 240 -> 226 and 270 -> 237-242 (H200). Not taken: RMSNorm's per-tensor
-// and per-row FP8 (level) and per-group FP8 (7-9% slower: 174 -> 186 us at
-// 2048x65536). With one CTA a row the refill lost (LayerNorm per row,
+// FP8 240 -> 226 and 270 -> 237-242 (H200), RMSNorm's per-row FP8 with x *
+// gamma held 190 -> 170 and 208 -> 187 (H100, kSliceRmsHoldThreads). Not
+// taken: RMSNorm's per-tensor and, unheld, per-row FP8 (level) and
+// per-group FP8 (7-9% slower: 174 -> 186 us at 2048x65536). With one CTA a row the refill lost (LayerNorm per row,
 // float32 parameters, 32768x4096: 173 -> 188 us).
 template <NormKind K, Quant Q>
 constexpr bool kSliceRefillAtEnd =
@@ -715,7 +717,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
-  static_assert(!REFILL_AT_END || (!ONE_CTA && kSliceRefillAtEnd<K, Q>), "fwd_slices: REFILL_AT_END is for clusters");
+  static_assert(!REFILL_AT_END || (!ONE_CTA && (kSliceRefillAtEnd<K, Q> || (HOLD_Y && K == NormKind::kRms))),
+                "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row FP8 of 16-bit x");
@@ -738,6 +741,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // them: one reduction a row instead of two.
   constexpr bool kRowMaxFirst = Q == Quant::kRow && K == NormKind::kRms;
   constexpr int kRed = kRowMaxFirst ? 2 : kSums;
+  // RMSNorm's per row holding x * gamma across a cluster reads its stage in
+  // the sums pass alone: right after the row's block reduction (not at the
+  // row's end) the stage takes the row after next.
+  constexpr bool kRefillOwn = REFILL_AT_END && HOLD_Y && kRowMaxFirst;
   using RedOp = std::conditional_t<kRowMaxFirst, SumAbsMaxOp, SumOp>;
   // Values a CTA pushes a row: kClusterMerge's {slice mean, slice squared
   // deviations, the pending row's max, unused} go in one 16-byte store.
@@ -905,6 +912,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       }
     } else {
       row_sum_wide<kRed>(acc, smem, RedOp{});
+    }
+    if constexpr (kRefillOwn) {  // the reduction's barrier ordered the stage's reads
+      ring.order_refill_after_reduction();
+      prefetch(row + 2 * used, st);
     }
     float mean = 0.f, sq;  // sq: sum((x - mean)^2) over the row (RMSNorm: mean 0)
     if constexpr (K == NormKind::kLayer) {
@@ -1106,7 +1117,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       a.rstd[row] = rstd;
       if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     }
-    if constexpr (REFILL_AT_END) {
+    if constexpr (REFILL_AT_END && !kRefillOwn) {
       // The output pass read the stage (each thread only its own packs with
       // kOwnCopies, which it has read by now).
       if constexpr (!kOwnCopies) __syncthreads();
@@ -1449,8 +1460,16 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // 154.2, 8192x16384 165.2 / 166.9 -> 155.2 / 154.2. Not taken: 128-thread
 // CTAs (hidden 4096: 159.8 / 159.1 -> 166.7 / 166.4, float16 158.4 / 159.1
 // -> 168.1 / 174.4, same-call A/B; 64 registers allow 8 such CTAs an SM
-// against 12 at 40), and clusters, level (2048x65536 194.6 / 190.7 -> 190.7 / 190.8,
-// 512x262144 213.2 / 210.9 -> 211.1 / 208.4).
+// against 12 at 40). Across a cluster it holds too, with both stages in
+// flight: a row's stage takes the row after next once its sums are reduced
+// (REFILL_AT_END, kRefillOwn). Same-call A/B on an H100, us, two rounds,
+// not held -> held: bf16 2048x65536 189.9 / 189.1 -> 169.8 / 171.0,
+// 512x262144 208.1 / 207.6 -> 186.0 / 188.5; float16 2048x65536 189.5 /
+// 190.5 -> 175.5 / 175.9. Held alone (the next row's copy issued after the
+// reduction, into the other stage) it was level there (194.6 / 190.7 ->
+// 190.7 / 190.8 and 213.2 / 210.9 -> 211.1 / 208.4). Where one CTA takes
+// the row, the same refill lost (16384x8192 155.0 / 155.4 -> 169.6 /
+// 168.3, 8192x16384 158.5 / 154.7 -> 171.7 / 169.4).
 constexpr int kSliceRmsHoldThreads = 256;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
@@ -1470,6 +1489,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     }
     if constexpr (K == NormKind::kRms && kSliceHoldY<K, Q, T>) {
       if (cluster == 1 && tpr >= kSliceRmsHoldThreads) kernel = fwd_slices<K, Q, T, P, VEC, false, false, false, true>;
+      if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true, false, true>;
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
       if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
