@@ -640,7 +640,7 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // CTA of 256-512 threads holds the row (kSliceRmsHoldThreads) and across a
 // cluster (with REFILL_AT_END); launchers choose it there.
 template <NormKind K, Quant Q, class T>
-constexpr bool kSliceHoldY = Q == Quant::kRow && sizeof(T) == 2;
+constexpr bool kSliceHoldY = (Q == Quant::kRow || (K == NormKind::kRms && Q == Quant::kGroup)) && sizeof(T) == 2;
 
 // REFILL_AT_END: across a cluster, a row's stage takes the row after next at
 // the row's end (after a barrier: the row's last pass read the stage; for
@@ -721,7 +721,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
-  static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row FP8 of 16-bit x");
+  static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
   // LayerNorm's per row (y held): the row's max is reduced with the next
   // row's sums (one block reduction a row instead of two; across a cluster
   // also one push a row, kClusterMerge), and the row is quantized after it
@@ -744,7 +744,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // RMSNorm's per row holding x * gamma across a cluster reads its stage in
   // the sums pass alone: right after the row's block reduction (not at the
   // row's end) the stage takes the row after next.
-  constexpr bool kRefillOwn = REFILL_AT_END && HOLD_Y && kRowMaxFirst;
+  constexpr bool kRefillOwn = REFILL_AT_END && HOLD_Y && K == NormKind::kRms;
   using RedOp = std::conditional_t<kRowMaxFirst, SumAbsMaxOp, SumOp>;
   // Values a CTA pushes a row: kClusterMerge's {slice mean, slice squared
   // deviations, the pending row's max, unused} go in one 16-byte store.
@@ -896,9 +896,20 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
         } else if constexpr (kRowMaxFirst) {
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
+        } else if constexpr (HOLD_Y && K == NormKind::kRms) {  // per group: x * scale held
+          float s[VEC];
+          load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            acc[0] += v[j] * v[j];
+            ys[i][j] = v[j] * s[j];
+          }
         } else {
           add_shifted_sums<kSums>(acc, v, shift);
         }
+      } else if constexpr (HOLD_Y && Q == Quant::kGroup) {  // zeros past the row's end, for the group maxima
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) ys[i][j] = 0.f;
       }
     }
     if constexpr (kMergeMax) {
@@ -1092,7 +1103,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             float v[VEC];
-            y_of(i, v);
+            if constexpr (HOLD_Y) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) v[j] = ys[i][j] * rstd;
+            } else {
+              y_of(i, v);
+            }
             float gm = 0.f;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
