@@ -368,8 +368,9 @@ def test_fp8_params(kind, params, quant, shape, platform):
 # rows per slot through every stage of its shared-memory ring, and under vmap
 # a slot's rows cross from one tensor (one amax) to the next. At 1024,
 # LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100); at
-# 8192, RMSNorm's per row holds x * gamma in 256-thread CTAs.
-@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (300, 65536)], ids=sid)
+# 8192, RMSNorm's per row holds x * gamma in 256-thread CTAs, at 16384 its
+# per row and per group in 512-thread CTAs.
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (600, 16384), (300, 65536)], ids=sid)
 @pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
@@ -400,7 +401,8 @@ def test_fp8_many_rows(kind, quant, shape, platform):
 
 
 # 16384: on the GPU, RMSNorm's per-group kernel changes there (fwd_slices, a
-# row to one CTA, for 16-bit x; float32 rows are wider than one CTA).
+# row to one CTA of 512 threads, for 16-bit x, holding x * gamma; float32
+# rows are wider than one CTA).
 GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
                (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800)), (128, (5, 16384)), (16, (3, 16384))]
 

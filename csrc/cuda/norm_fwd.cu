@@ -638,7 +638,9 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 // has one pass to quantize; holding x * gamma from the sums pass (HOLD_Y)
 // spares that pass the stage's and gamma's reads again. It gains where one
 // CTA of 256-512 threads holds the row (kSliceRmsHoldThreads) and across a
-// cluster (with REFILL_AT_END); launchers choose it there.
+// cluster (with REFILL_AT_END); launchers choose it there. Its per-group
+// output, whose one output pass read the stage and gamma, holds x * gamma
+// too, where one CTA holds the row.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceHoldY = (Q == Quant::kRow || (K == NormKind::kRms && Q == Quant::kGroup)) && sizeof(T) == 2;
 
@@ -1486,6 +1488,14 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // 190.7 / 190.8 and 213.2 / 210.9 -> 211.1 / 208.4). Where one CTA takes
 // the row, the same refill lost (16384x8192 155.0 / 155.4 -> 169.6 /
 // 168.3, 8192x16384 158.5 / 154.7 -> 171.7 / 169.4).
+// RMSNorm's per-group FP8 holds x * gamma by the same rule where one CTA
+// takes the row (hidden 16384 in 16-bit x; narrower rows go to fwd_regs):
+// its output pass then reads neither the stage nor gamma. Same-call A/B,
+// H100, bf16, us, two rounds: 8192x16384 165.3 / 164.2 -> 159.4 / 157.1
+// (16384x8192, fwd_regs, level as it should be). Not across a cluster, where its sums pass then read gamma too: 2048x65536
+// 176.6 / 176.6 -> 199.3 / 199.2, 512x262144 193.2 / 193.0 -> 196.5 /
+// 197.8, float16 2048x65536 178.1 / 175.5 -> 197.6 / 198.7 (with the
+// own-stage refill).
 constexpr int kSliceRmsHoldThreads = 256;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
@@ -1505,7 +1515,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     }
     if constexpr (K == NormKind::kRms && kSliceHoldY<K, Q, T>) {
       if (cluster == 1 && tpr >= kSliceRmsHoldThreads) kernel = fwd_slices<K, Q, T, P, VEC, false, false, false, true>;
-      if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true, false, true>;
+      if constexpr (Q == Quant::kRow) {
+        if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true, false, true>;
+      }
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
       if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
