@@ -655,8 +655,9 @@ constexpr bool kSliceHoldY = (Q == Quant::kRow || (K == NormKind::kRms && Q == Q
 // FP8 240 -> 226 and 270 -> 237-242 (H200), RMSNorm's per-row FP8 with x *
 // gamma held 190 -> 170 and 208 -> 187 (H100, kSliceRmsHoldThreads). Not
 // taken: RMSNorm's per-tensor and, unheld, per-row FP8 (level) and
-// per-group FP8 (7-9% slower: 174 -> 186 us at 2048x65536). With one CTA a row the refill lost (LayerNorm per row,
-// float32 parameters, 32768x4096: 173 -> 188 us).
+// per-group FP8 (7-9% slower: 174 -> 186 us at 2048x65536). With one CTA a
+// row the refill lost (LayerNorm per row, float32 parameters, 32768x4096:
+// 173 -> 188 us).
 template <NormKind K, Quant Q>
 constexpr bool kSliceRefillAtEnd =
     Q == Quant::kNone || (K == NormKind::kLayer && (Q == Quant::kTensor || Q == Quant::kRow));
@@ -674,7 +675,9 @@ constexpr bool kSliceRefillAtEnd =
 // 403.0 -> 386.2 / 387.9. Not taken: RMSNorm's gamma staged the same way
 // (two CTAs an SM): 197.2 / 200.1 -> 206.4 / 205.3 us at 2048x65536 (but
 // 206.7 / 204.6 -> 202.2 / 203.3 at 512x262144); LayerNorm's gamma alone,
-// 210 -> 213 us.
+// 210 -> 213 us; LayerNorm's per-row FP8 (one CTA an SM, y held): bf16
+// 2048x65536 level, 512x262144 226.8 / 225.9 -> 232.1 / 231.5, float16
+// 2048x65536 219.4 / 219.8 -> 246.3 / 248.7 (RESULTS.md 6y).
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -723,7 +726,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
-  static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>, "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
+  static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>,
+                "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
   // LayerNorm's per row (y held): the row's max is reduced with the next
   // row's sums (one block reduction a row instead of two; across a cluster
   // also one push a row, kClusterMerge), and the row is quantized after it
@@ -731,7 +735,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // bf16 131072x1024 188.1 / 189.0 -> 184.1 / 185.6, 32768x4096 184.8 /
   // 185.2 -> 182.1 / 184.2, 16384x8192 183.2 / 184.2 -> 180.0 / 180.3,
   // 8192x16384 187.0 / 181.9 -> 174.5 / 175.6; float16 32768x4096 level,
-  // 8192x16384 187.3 / 186.2 -> 175.0 / 175.3.
+  // 8192x16384 187.3 / 186.2 -> 175.0 / 175.3. Across a cluster (against
+  // a push of its own for the max): bf16 2048x65536 238.4 / 235.1 -> 214.5
+  // / 212.8, 512x262144 243.9 / 243.8 -> 222.3 / 222.7; float16 2048x65536
+  // 232.9 / 231.2 -> 216.3 / 216.9.
   constexpr bool kMergeMax = HOLD_Y && K == NormKind::kLayer;
   constexpr bool kClusterMerge = kMergeMax && REFILL_AT_END;
   constexpr bool kOwnCopies = REFILL_AT_END && kSliceOwnCopies<K, Q>;
@@ -754,8 +761,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
   __shared__ alignas(kXchg == 4 ? 16 : 8) float xchg[2][kMaxCluster][kXchg];
-  // LayerNorm's per-row FP8: the row maxima's own exchange (its row max
-  // comes after the sums, from y).
+  // LayerNorm's per-row FP8 of float32 x (y not held): the row maxima's own
+  // exchange (its row max comes after the sums, from y).
   __shared__ alignas(8) float xmax[2][kMaxCluster][1];
   __shared__ alignas(8) uint64_t landed[2], pushed[2], max_pushed[2];
   const int64_t H = a.shape.hidden, rows = a.shape.rows;
@@ -1492,10 +1499,10 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // takes the row (hidden 16384 in 16-bit x; narrower rows go to fwd_regs):
 // its output pass then reads neither the stage nor gamma. Same-call A/B,
 // H100, bf16, us, two rounds: 8192x16384 165.3 / 164.2 -> 159.4 / 157.1
-// (16384x8192, fwd_regs, level as it should be). Not across a cluster, where its sums pass then read gamma too: 2048x65536
-// 176.6 / 176.6 -> 199.3 / 199.2, 512x262144 193.2 / 193.0 -> 196.5 /
-// 197.8, float16 2048x65536 178.1 / 175.5 -> 197.6 / 198.7 (with the
-// own-stage refill).
+// (16384x8192, fwd_regs, level as it should be). Not across a cluster,
+// where its sums pass then read gamma too: 2048x65536 176.6 / 176.6 ->
+// 199.3 / 199.2, 512x262144 193.2 / 193.0 -> 196.5 / 197.8, float16
+// 2048x65536 178.1 / 175.5 -> 197.6 / 198.7 (with the own-stage refill).
 constexpr int kSliceRmsHoldThreads = 256;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
