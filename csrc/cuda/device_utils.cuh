@@ -527,6 +527,21 @@ __device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, flo
   }
 }
 
+// LayerNorm's output where gamma and beta are given and the scale is not
+// zero-centred, with nothing left to decide: v = (v - mean) * rstd * g + b,
+// beta's add in the fma, and for 16-bit x (NARROW) (v - mean) * rstd as one
+// fma too (its rounding of mean * rstd is far below y's).
+template <bool NARROW, int N>
+__device__ __forceinline__ void scale_shift_plain(float (&v)[N], float mean, float rstd, const float (&g)[N],
+                                                  const float (&b)[N]) {
+  const float shifted = -mean * rstd;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float t = NARROW ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
+    v[j] = fmaf(t, g[j], b[j]);
+  }
+}
+
 // ---- LayerNorm's one-pass statistics. Kernels that take sum(x - c) and
 // sum((x - c)^2) in the same pass need a shift c near the row's mean, or
 // var = E[(x - c)^2] - E[x - c]^2 cancels in float32 (with c = x[0] = 3000

@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
 // 1024-thread CTAs, more than one a SM (ITEMS = 4 there, see the launcher;
 // float32 256x8192 LayerNorm 9.2 -> 6.6 us, bf16 256x16384 RMSNorm 7.7 ->
 // 6.2, table 6q).
-template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems>
+template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -408,8 +408,21 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (in[i]) {
-      const V g = gv[i], b = bv[i];
-      scale_shift_packs<VEC>(v[i], mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+      if constexpr (PLAIN) {  // gamma (and beta) given, not zero-centred
+        float g[VEC];
+        unpack(gv[i], g);
+        if constexpr (K == NormKind::kLayer) {
+          float b[VEC];
+          unpack(bv[i], b);
+          scale_shift_plain<(sizeof(T) < 4)>(v[i], mean, rstd, g, b);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[i][j] = v[i][j] * rstd * g[j];
+        }
+      } else {
+        const V g = gv[i], b = bv[i];
+        scale_shift_packs<VEC>(v[i], mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+      }
       store_pack<VEC>(y + pack(i) * VEC, v[i]);
     }
   }
@@ -1018,12 +1031,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             } else {
               load_pack<VEC>(beta + first + local(i), b);
             }
-            const float shifted = -mean * rstd;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              const float t = sizeof(T) < 4 ? fmaf(v[j], rstd, shifted) : (v[j] - mean) * rstd;
-              v[j] = fmaf(t, g[j], b[j]);
-            }
+            scale_shift_plain<(sizeof(T) < 4)>(v, mean, rstd, g, b);
           } else {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
@@ -1584,15 +1592,19 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // so those rows ran in two waves; half the threads with twice the
         // packs fit two (64 registers, no spills, for float32 and RMSNorm;
         // LayerNorm in 16 bits would spill and keeps the 1024 threads).
+        // PLAIN: gamma (and beta) given, not zero-centred.
+        const bool plain = a.gamma && (K == NormKind::kRms || a.beta) && !a.zero_centered;
         if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
           if (nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms) {
-            fwd_decode<K, T, VEC, 2 * kDecodeItems>
-                <<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
+            auto kernel =
+                plain ? fwd_decode<K, T, VEC, 2 * kDecodeItems, true> : fwd_decode<K, T, VEC, 2 * kDecodeItems>;
+            kernel<<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
             return check_launch("fwd_decode");
           }
         }
         const int threads = std::max(32, pow2_ceil((nvec + kDecodeItems - 1) / kDecodeItems));
-        fwd_decode<K, T, VEC><<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
+        auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
+        kernel<<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
       if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
