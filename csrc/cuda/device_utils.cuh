@@ -571,6 +571,21 @@ __device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&
   }
 }
 
+// RMSNorm's sum of squares of N columns from `col`, acc[0] += sum(v^2), and
+// their v * scale (scale as load_scale) in `scaled`, for a caller that keeps
+// it (y = rstd * scaled).
+template <int N, class P>
+__device__ __forceinline__ void add_sq_scaled(float (&acc)[1], const float (&v)[N], const P* gamma, int64_t col,
+                                              bool zero_centered, float (&scaled)[N]) {
+  float s[N];
+  load_scale<N>(gamma, col, zero_centered, s);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    acc[0] += v[j] * v[j];
+    scaled[j] = v[j] * s[j];
+  }
+}
+
 // RMSNorm's row sums where the row's FP8 scale or amax is found with them:
 // acc[0] += sum(v^2), acc[1] = max(acc[1], |v * scale|) for the N columns
 // from `col` (scale as load_scale). rstd > 0 is common to the row, so max |y|

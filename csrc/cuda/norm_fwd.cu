@@ -852,6 +852,11 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // (itself 512x262144 268.3 / 272.5 -> 246.4 / 245.0 us against waiting
   // for the max within the row).
   [[maybe_unused]] float ys[HOLD_Y ? kSliceItems : 1][VEC];
+  // RMSNorm's y of pack i from the held x * scale.
+  [[maybe_unused]] auto held_y = [&](int i, float rstd, float (&v)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = ys[i][j] * rstd;
+  };
   [[maybe_unused]] int64_t pending = -1;
   [[maybe_unused]] float pending_max = 0.f;
   [[maybe_unused]] auto store_pending = [&](float row_max) {  // the held y of row `pending`
@@ -920,13 +925,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         } else if constexpr (kRowMaxFirst) {
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
         } else if constexpr (HOLD_Y && K == NormKind::kRms) {  // per group: x * scale held
-          float s[VEC];
-          load_scale<VEC>(gamma, first + local(i), a.zero_centered, s);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            acc[0] += v[j] * v[j];
-            ys[i][j] = v[j] * s[j];
-          }
+          add_sq_scaled<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
         } else {
           add_shifted_sums<kSums>(acc, v, shift);
         }
@@ -1101,8 +1100,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             if (in[i]) {
               if constexpr (HOLD_Y && kRowMaxFirst) {  // RMSNorm holds x * scale
                 float v[VEC];
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) v[j] = ys[i][j] * rstd;
+                held_y(i, rstd, v);
                 store_q<VEC>(qrow + local(i), a.fp8, v, inv);
               } else if constexpr (HOLD_Y) {
                 store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
@@ -1122,8 +1120,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
           for (int i = 0; i < kSliceItems; ++i) {
             float v[VEC];
             if constexpr (HOLD_Y) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) v[j] = ys[i][j] * rstd;
+              held_y(i, rstd, v);
             } else {
               y_of(i, v);
             }
