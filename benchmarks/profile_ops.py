@@ -35,6 +35,7 @@ def ops(x, g, b, dy):
         "rms_fp8": lambda: jrn.rms_norm_fp8(x, g, scale=r),
         "ln_fp8": lambda: jrn.layer_norm_fp8(x, g, b, scale=r),
         "rms_fp8_row": lambda: jrn.rms_norm_fp8_rowwise(x, g),
+        "ln_fp8_row": lambda: jrn.layer_norm_fp8_rowwise(x, g, b),
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),
         "rms_stats": lambda: jrn.rms_norm_stats(x),

@@ -126,6 +126,13 @@ ffi::Error dispatch_types(ffi::DataType x_type, ffi::DataType p_type, F&& f) {
   }
 }
 
+// The parameters of the common case (FwdArgs::plain_params; a kernel may ask
+// of the pointers it holds, offset to the row's parameter group).
+template <NormKind K>
+JRN_HOST_DEVICE inline bool plain_params(const void* gamma, const void* beta, bool zero_centered) {
+  return gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !zero_centered;
+}
+
 // Everything a forward kernel needs. Pointers are typed by the dispatch.
 struct FwdArgs {
   NormShape shape;
@@ -172,6 +179,10 @@ struct FwdArgs {
   JRN_HOST_DEVICE int64_t tensor_of(int64_t row) const { return tensors <= 1 ? 0 : row / rows_per_tensor(); }
   // kTensor: what y of tensor t is multiplied by before rounding to FP8.
   JRN_HOST_DEVICE float tensor_mul(int64_t t) const { return scale_inverted ? 1.f / scale[t] : scale[t]; }
+  // The common case the CUDA kernels give code of its own: gamma given (and
+  // LayerNorm's beta), the scale not zero-centred.
+  template <NormKind K>
+  JRN_HOST_DEVICE bool plain_params() const { return jrn::plain_params<K>(gamma, beta, zero_centered); }
 };
 
 struct BwdArgs {

@@ -594,14 +594,11 @@ __device__ __forceinline__ void add_sq_scaled(float (&acc)[1], const float (&v)[
 template <int N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered, float (&scaled)[N]) {
-  float s[N];
-  load_scale<N>(gamma, col, zero_centered, s);
+  float sq[1] = {acc[0]};
+  add_sq_scaled<N>(sq, v, gamma, col, zero_centered, scaled);
+  acc[0] = sq[0];
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    acc[0] += v[j] * v[j];
-    scaled[j] = v[j] * s[j];
-    acc[1] = max_abs(acc[1], scaled[j]);
-  }
+  for (int j = 0; j < N; ++j) acc[1] = max_abs(acc[1], scaled[j]);
 }
 template <int N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,

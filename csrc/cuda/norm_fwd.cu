@@ -1139,7 +1139,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     };
     if constexpr (ONE_CTA) {  // its parameters are held packs: the general path alone
       emit_row(std::false_type{});
-    } else if (gamma != nullptr && (K == NormKind::kRms || beta != nullptr) && !a.zero_centered) {
+    } else if (plain_params<K>(gamma, beta, a.zero_centered)) {  // the held pointers
       emit_row(std::true_type{});
     } else {
       emit_row(std::false_type{});
@@ -1533,7 +1533,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       }
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
-      if (cluster > 1 && a.gamma && a.beta && !a.zero_centered) {
+      if (cluster > 1 && a.plain_params<K>()) {  // LayerNorm's: gamma and beta
         smem += 2 * stage_bytes;  // gamma's and beta's packs
         kernel = fwd_slices<K, Q, T, P, VEC, false, true, true>;
       }
@@ -1596,7 +1596,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // bf16, us, five calls, two rounds: LayerNorm 16x4096 3.71-3.94 ->
         // 3.49-3.68, 64x8192 4.29-4.45 -> 4.06-4.32, 256x4096 4.22-4.48 ->
         // 4.16-4.42; RMSNorm level (16x4096 3.04-3.68 -> 3.01-3.58).
-        const bool plain = a.gamma && (K == NormKind::kRms || a.beta) && !a.zero_centered;
+        const bool plain = a.plain_params<K>();
         if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
           if (nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms) {
             auto kernel =
