@@ -691,7 +691,12 @@ constexpr bool kSliceRefillAtEnd =
 // 206.7 / 204.6 -> 202.2 / 203.3 at 512x262144); LayerNorm's gamma alone,
 // 210 -> 213 us; LayerNorm's per-row FP8 (one CTA an SM, y held): bf16
 // 2048x65536 level, 512x262144 226.8 / 225.9 -> 232.1 / 231.5, float16
-// 2048x65536 219.4 / 219.8 -> 246.3 / 248.7 (RESULTS.md 6y).
+// 2048x65536 219.4 / 219.8 -> 246.3 / 248.7 (RESULTS.md 6y); nor its gamma
+// alone, which keeps two CTAs an SM (96 KB each), in one CTA a row and across
+// a cluster: bf16 8192x16384 176.1 / 179.2 -> 188.0 / 188.2 us, 2048x65536
+// 219.6 / 218.0 -> 222.6 / 223.2, float16 2048x65536 221.2 / 220.2 -> 234.9
+// / 237.5; beta's loads issued a pack ahead besides spilled 48-64 bytes and
+// lost 12-23% (RESULTS.md 6z).
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -709,7 +714,11 @@ constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone &
 // ahead"): 512x262144 210.5 / 209.6 -> 200.3 / 200.4; at 2048x65536
 // (clusters of 4) it lost, 205.3 / 203.0 -> 214.7 / 212.4, as it did for
 // RMSNorm's per-thread copies at both widths (204 -> 246 us and 202 -> 239)
-// and for LayerNorm's per-tensor FP8.
+// and for LayerNorm's per-tensor FP8. RMSNorm's FP8 outputs lost with it too
+// (same-call A/B, H100, bf16, us, two rounds; RESULTS.md 6z): from clusters
+// of 16, per tensor 512x262144 174.9 / 178.4 -> 195.0 / 196.4, per group
+// 193.2 / 196.0 -> 199.2 / 200.2, per row level at best; from clusters of 2,
+// per tensor 2048x65536 162.6 / 164.6 -> 185.2 / 185.8.
 constexpr int kSliceL2AheadCluster = 16;
 
 // kSliceOwnCopies: RMSNorm's plain forward across a cluster fills its
