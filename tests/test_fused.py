@@ -351,6 +351,21 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
                                          ("layer", "none")])
 @pytest.mark.parametrize("quant", ["tensor", "row", "group"])
 def test_fp8_params(kind, params, quant, shape, platform):
+    _check_fp8_params(kind, params, quant, shape, platform)
+
+
+# LayerNorm's per row where one CTA of up to 128 threads takes the row (bf16
+# x, hidden 1024 to 4096: parameters held, the pending row's y in shared
+# memory), with parameters other than the common case and rows enough for
+# several a CTA.
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096)], ids=sid)
+@pytest.mark.parametrize("params", ["zero_centered", "no_beta", "none"])
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_rowwise_params_many_rows(params, shape, platform):
+    _check_fp8_params("layer", params, "row", shape, platform)
+
+
+def _check_fp8_params(kind, params, quant, shape, platform):
     key = case_key(("fp", kind, params, quant, shape))
     x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
     gamma, beta, zc = _param_case(kind, params, shape[-1], jnp.bfloat16, key)

@@ -638,6 +638,9 @@ constexpr int kSliceThreads = 512;
 // 238.8 us, 512x262144 327.3 -> 333.9).
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
+// ONE_CTA also takes LayerNorm's per-row FP8 in narrow rows (kSliceYSmemThreads).
+template <NormKind K, Quant Q, class P, int VEC>
+constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
 
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
@@ -744,7 +747,13 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
-  static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC>, "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8");
+  static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
+                "fwd_slices: ONE_CTA is LayerNorm's per-tensor or per-row FP8");
+  // LayerNorm's per row with its parameters held (ONE_CTA) keeps the pending
+  // row's y as floats in shared memory after the two stages, not in the 32
+  // registers the held parameters take: each thread writes and reads only
+  // its own packs, so no barrier orders them (kSliceYSmemThreads).
+  constexpr bool kYSmem = ONE_CTA && Q == Quant::kRow;
   static_assert(!REFILL_AT_END || (!ONE_CTA && (kSliceRefillAtEnd<K, Q> || (HOLD_Y && K == NormKind::kRms))),
                 "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
@@ -860,7 +869,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // a push of its own before, taken after the next row's sums were pushed
   // (itself 512x262144 268.3 / 272.5 -> 246.4 / 245.0 us against waiting
   // for the max within the row).
-  [[maybe_unused]] float ys[HOLD_Y ? kSliceItems : 1][VEC];
+  [[maybe_unused]] float ys[HOLD_Y && !kYSmem ? kSliceItems : 1][VEC];
+  [[maybe_unused]] float* const ysm = reinterpret_cast<float*>(stages + 2 * packs);  // kYSmem: [packs][VEC]
   // RMSNorm's y of pack i from the held x * scale.
   [[maybe_unused]] auto held_y = [&](int i, float rstd, float (&v)[VEC]) {
 #pragma unroll
@@ -875,7 +885,19 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + pending * H + first);
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
-        if (in[i]) store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
+        if constexpr (kYSmem) {
+          if (in[i]) {
+            float v[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; j += 4) {
+              const float4 f = reinterpret_cast<const float4*>(ysm + pack(i) * VEC)[j / 4];
+              v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
+            }
+            store_q<VEC>(qrow + local(i), a.fp8, v, inv);
+          }
+        } else {
+          if (in[i]) store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
+        }
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[pending] = scale;
       pending = -1;
@@ -1091,7 +1113,14 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 mm[0] = max_abs(mm[0], v[j]);
-                if constexpr (HOLD_Y) ys[i][j] = v[j];
+                if constexpr (HOLD_Y && !kYSmem) ys[i][j] = v[j];
+              }
+              if constexpr (kYSmem) {
+#pragma unroll
+                for (int j = 0; j < VEC; j += 4) {
+                  reinterpret_cast<float4*>(ysm + pack(i) * VEC)[j / 4] =
+                      make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+                }
               }
             }
             if constexpr (kMergeMax) {  // reduced (and pushed) with the next row's sums
@@ -1519,6 +1548,15 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // 199.3 / 199.2, 512x262144 193.2 / 193.0 -> 196.5 / 197.8, float16
 // 2048x65536 178.1 / 175.5 -> 197.6 / 198.7 (with the own-stage refill).
 constexpr int kSliceRmsHoldThreads = 256;
+// LayerNorm's per-row FP8 of bf16 x with its parameters held (ONE_CTA) and
+// y in shared memory (kYSmem) where one CTA of at most this many threads
+// takes the row (hidden 1024 to 4096). Same-call A/B on an H100, bf16, us,
+// two rounds, y in registers -> in shared memory: 131072x1024 185.5 / 184.7
+// -> 178.1 / 177.5, 32768x4096 184.1 / 181.5 -> 178.4 / 177.9. Not taken:
+// CTAs of 256 (16384x8192 180.4 / 178.2 -> 184.0 / 185.1: three CTAs an
+// SM by shared memory against four by registers), float16 x (32768x4096
+// 184.2 / 181.7 -> 183.5 / 185.4, with a 4-byte spill). RESULTS.md 6z.
+constexpr int kSliceYSmemThreads = 128;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
   if constexpr (sizeof(T) * VEC != 16) {
@@ -1531,6 +1569,12 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
     if constexpr (kSliceOneCta<K, Q, P, VEC>) {
       if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
+    }
+    if constexpr (kSliceOneCtaRow<K, Q, P, VEC> && std::is_same_v<T, __nv_bfloat16>) {
+      if (cluster == 1 && tpr <= kSliceYSmemThreads) {
+        smem += 2 * stage_bytes;  // the pending row's y, as floats
+        kernel = fwd_slices<K, Q, T, P, VEC, true>;
+      }
     }
     if constexpr (kSliceRefillAtEnd<K, Q>) {
       if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
