@@ -644,7 +644,9 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
-// pack again: 32 registers more (64, no stack), two CTAs an SM. Same-call
+// pack again: 32 registers more (64, no stack), two CTAs an SM (in bf16
+// rows of CTAs of up to 128 threads, in shared memory instead:
+// kSliceYSmemThreads). Same-call
 // A/B on an H200, bf16, us, two rounds each, again -> held: 65536x2048 209.9
 // / 207.4 -> 170.3 / 167.6, 32768x4096 205.1 / 200.2 -> 166.1 / 164.3,
 // 8192x16384 223.1 / 221.5 -> 174.4 / 173.1, 2048x65536 258.7 / 261.2 ->
