@@ -573,9 +573,9 @@ __device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&
 
 // RMSNorm's sum of squares of N columns from `col`, acc[0] += sum(v^2), and
 // their v * scale (scale as load_scale) in `scaled`, for a caller that keeps
-// it (y = rstd * scaled).
-template <int N, class P>
-__device__ __forceinline__ void add_sq_scaled(float (&acc)[1], const float (&v)[N], const P* gamma, int64_t col,
+// it (y = rstd * scaled). Other values of acc are left alone.
+template <int N, int M, class P>
+__device__ __forceinline__ void add_sq_scaled(float (&acc)[M], const float (&v)[N], const P* gamma, int64_t col,
                                               bool zero_centered, float (&scaled)[N]) {
   float s[N];
   load_scale<N>(gamma, col, zero_centered, s);
@@ -594,9 +594,7 @@ __device__ __forceinline__ void add_sq_scaled(float (&acc)[1], const float (&v)[
 template <int N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered, float (&scaled)[N]) {
-  float sq[1] = {acc[0]};
-  add_sq_scaled<N>(sq, v, gamma, col, zero_centered, scaled);
-  acc[0] = sq[0];
+  add_sq_scaled<N>(acc, v, gamma, col, zero_centered, scaled);
 #pragma unroll
   for (int j = 0; j < N; ++j) acc[1] = max_abs(acc[1], scaled[j]);
 }

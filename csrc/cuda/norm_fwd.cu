@@ -872,7 +872,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // (itself 512x262144 268.3 / 272.5 -> 246.4 / 245.0 us against waiting
   // for the max within the row).
   [[maybe_unused]] float ys[HOLD_Y && !kYSmem ? kSliceItems : 1][VEC];
-  [[maybe_unused]] float* const ysm = reinterpret_cast<float*>(stages + 2 * packs);  // kYSmem: [packs][VEC]
+  [[maybe_unused]] Pack<float, VEC>* const ysm = reinterpret_cast<Pack<float, VEC>*>(stages + 2 * packs);  // kYSmem
   // RMSNorm's y of pack i from the held x * scale.
   [[maybe_unused]] auto held_y = [&](int i, float rstd, float (&v)[VEC]) {
 #pragma unroll
@@ -890,11 +890,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         if constexpr (kYSmem) {
           if (in[i]) {
             float v[VEC];
-#pragma unroll
-            for (int j = 0; j < VEC; j += 4) {
-              const float4 f = reinterpret_cast<const float4*>(ysm + pack(i) * VEC)[j / 4];
-              v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
-            }
+            unpack(ysm[pack(i)], v);
             store_q<VEC>(qrow + local(i), a.fp8, v, inv);
           }
         } else {
@@ -1117,13 +1113,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 mm[0] = max_abs(mm[0], v[j]);
                 if constexpr (HOLD_Y && !kYSmem) ys[i][j] = v[j];
               }
-              if constexpr (kYSmem) {
-#pragma unroll
-                for (int j = 0; j < VEC; j += 4) {
-                  reinterpret_cast<float4*>(ysm + pack(i) * VEC)[j / 4] =
-                      make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
-                }
-              }
+              if constexpr (kYSmem) store_pack<VEC>(ysm[pack(i)].v, v);
             }
             if constexpr (kMergeMax) {  // reduced (and pushed) with the next row's sums
               pending_max = mm[0];
