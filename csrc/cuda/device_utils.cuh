@@ -927,6 +927,15 @@ inline int pow2_ceil(int64_t v) {
   return p;
 }
 
+// Threads of each CTA of a `cluster` that splits a row of `nvec` packs,
+// `items` packs a thread (fwd_slices, bwd_slices: CTA `rank` holds packs
+// [rank, rank + 1) * items * threads): whole warps, so that the row's packs
+// are spread evenly over the CTAs.
+inline int slice_threads(int64_t nvec, int cluster, int items) {
+  const int64_t per_thread = (nvec + static_cast<int64_t>(cluster) * items - 1) / (static_cast<int64_t>(cluster) * items);
+  return static_cast<int>((per_thread + 31) / 32 * 32);
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace jrn::cuda

@@ -643,10 +643,17 @@ template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec, SlotLayout* l) {
   if constexpr (kSlicesFit<T, VEC>) {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
-    const int tpr = std::max(32, pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems)));
+    // Across a cluster the row's packs are spread evenly over its CTAs
+    // (slice_threads), not a power of two of threads each. Same-call A/B on
+    // an H100, bf16, us, one round, before -> after: LayerNorm 6553x20480
+    // 339.3 -> 319.7, 5461x24576 312.0 -> 303.9, 2730x49152 321.3 -> 310.6;
+    // RMSNorm 305.2 -> 296.1, 294.0 -> 291.1, 299.5 -> 291.9 (RESULTS.md 1b).
+    // Such CTAs of more than half of kSliceThreads still take EARLY.
+    const int tpr = cluster > 1 ? slice_threads(nvec, cluster, kSliceItems)
+                                : std::max(32, pow2_ceil((nvec + kSliceItems - 1) / kSliceItems));
     // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
     const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
-    auto kernel = tpr >= kSliceThreads ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
+    auto kernel = tpr > kSliceThreads / 2 ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
     // of kFold CTAs fold their column sums into one workspace row (fold_sums).

@@ -1497,6 +1497,27 @@ constexpr int64_t kRegsCtaVecs =
 // -> 80-82% of a copy). From 512 packs it was level at 32768x4096 (172.0 /
 // 173.2 against 171.9 / 171.7) and slower at 16384x8192 (176.3 / 175.9
 // against 174.2 / 173.8).
+// The plain norm's rows of more than one fwd_slices CTA that fwd_regs would
+// give one CTA of up to 1024 threads (hidden 16384 to 32768 in 16-bit x) go
+// to fwd_slices too (clusters of 2), where the rows are many (fewer take
+// fwd_decode): fwd_regs has no loads in flight during a row's reductions
+// and stores, and at 20480-24576 a quarter or more of its threads hold no
+// columns. RMSNorm stays in fwd_regs where more than three quarters of that
+// CTA's threads hold columns. Same-call A/B on an H100, bf16, us, two
+// rounds, fwd_regs -> fwd_slices: LayerNorm 6553x20480 323.2 / 323.0 ->
+// 220.7 / 218.6, 5461x24576 282.9 / 281.2 -> 212.1 / 211.3, 4096x32768
+// 244.0 / 245.5 -> 207.9 / 208.1; RMSNorm 6553x20480 250.1 / 246.4 -> 197.9
+// / 198.2, 5461x24576 223.6 / 221.2 -> 202.4 / 202.1, but 4096x32768 (its
+// CTA full) 200.6 / 199.7 -> 208.8 / 206.5 (RESULTS.md 1b).
+template <NormKind K>
+bool plain_slices(const FwdArgs& a, int64_t nvec) {
+  if (a.shape.rows <= 2 * device_attribute<cudaDevAttrMultiProcessorCount>()) return false;
+  if constexpr (K == NormKind::kRms) {
+    return 4 * nvec <= 3 * static_cast<int64_t>(kRegItems) * pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+  }
+  return true;
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   if constexpr (XQ || sizeof(T) * VEC != 16) {
@@ -1506,7 +1527,8 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
                              : Q == Quant::kTensor || Q == Quant::kRow ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
-                                                                       : kCtaVecs + 1;
+                             : Q == Quant::kNone && plain_slices<K>(a, nvec) ? kSliceVecs + 1
+                                                                             : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
   }
@@ -1555,7 +1577,18 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     return ffi::Error::Internal("jax_rmsnorm: fwd_slices needs 16-byte packs");
   } else {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
-    const int tpr = pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems));
+    // The row's packs spread evenly over the cluster's CTAs (slice_threads),
+    // not a power of two of threads each, which left the last CTAs few
+    // columns or none. Same-call A/B on an H100, bf16, us, one round, before
+    // -> after: LayerNorm 2730x49152 226.6 -> 216.2, 1365x98304 228.2 ->
+    // 216.4; per-tensor FP8 5461x24576 205.4 -> 177.6, 2730x49152 220.2 ->
+    // 186.4; per row 234.4 -> 198.6 and 270.2 -> 221.8 (RMSNorm 181.6 ->
+    // 169.8, 198.9 -> 174.4); in one CTA a row too (hidden 12288: RMSNorm
+    // per row 165.8 -> 155.0, LayerNorm per tensor 169.4 -> 160.5). Not
+    // RMSNorm's plain forward with its own copies (kSliceOwnCopies), which
+    // lost: 2730x49152 201.1 / 199.4 -> 208.2 / 206.2 (RESULTS.md 1b).
+    const int tpr = kSliceOwnCopies<K, Q> ? pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems))
+                                          : slice_threads(nvec, cluster, kSliceItems);
     const size_t stage_bytes = static_cast<size_t>(tpr) * kSliceItems * 16;  // a CTA's slice of x
     size_t smem = 2 * stage_bytes;                                            // two stages
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
