@@ -927,6 +927,14 @@ inline int pow2_ceil(int64_t v) {
   return p;
 }
 
+// Threads for a row of `packs` packs, `items` a thread: a power of two up to
+// a warp (warp_sum's shuffles), whole warps beyond, so that few threads are
+// left without columns (fwd_regs, and bwd_slices where one CTA takes a row).
+inline int row_threads(int64_t packs, int items) {
+  const int64_t per_thread = (packs + items - 1) / items;
+  return per_thread <= 32 ? pow2_ceil(per_thread) : static_cast<int>((per_thread + 31) / 32 * 32);
+}
+
 // Threads of each CTA of a `cluster` that splits a row of `nvec` packs,
 // `items` packs a thread (fwd_slices, bwd_slices: CTA `rank` holds packs
 // [rank, rank + 1) * items * threads): whole warps, so that the row's packs

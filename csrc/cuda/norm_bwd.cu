@@ -648,9 +648,13 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // an H100, bf16, us, one round, before -> after: LayerNorm 6553x20480
     // 339.3 -> 319.7, 5461x24576 312.0 -> 303.9, 2730x49152 321.3 -> 310.6;
     // RMSNorm 305.2 -> 296.1, 294.0 -> 291.1, 299.5 -> 291.9 (RESULTS.md 1b).
-    // Such CTAs of more than half of kSliceThreads still take EARLY.
+    // Where one CTA takes the row, whole warps too (row_threads): 43690x3072
+    // LayerNorm 322.6 -> 295.7, RMSNorm 298.1 -> 290.0; 26214x5120 353.3 ->
+    // 303.6 and 322.2 -> 288.5; 21845x6144 327.3 -> 333.9 and 308.6 ->
+    // 314.4; 10922x12288 level (one round). CTAs of more than half of
+    // kSliceThreads (one an SM) take EARLY, and the fold below.
     const int tpr = cluster > 1 ? slice_threads(nvec, cluster, kSliceItems)
-                                : std::max(32, pow2_ceil((nvec + kSliceItems - 1) / kSliceItems));
+                                : std::max(32, row_threads(nvec, kSliceItems));
     // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
     const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
     auto kernel = tpr > kSliceThreads / 2 ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
@@ -664,7 +668,7 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // 316 -> 338-342, as clusters leave fewer CTAs resident).
     constexpr int kFold = 4;
     const int fold =
-        cluster == 1 && tpr >= kSliceThreads && a.workspace && a.param_outputs() > 0 && l->stride >= kFold ? kFold
+        cluster == 1 && tpr > kSliceThreads / 2 && a.workspace && a.param_outputs() > 0 && l->stride >= kFold ? kFold
                                                                                                          : 1;
     const int hw = cluster * fold;  // CTAs of a hardware cluster
     int resident = 0;

@@ -1637,7 +1637,16 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   }
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
   if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) {
-    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + kRegItems - 1) / kRegItems));
+    // Whole warps beyond one (row_threads), not a power of two of threads:
+    // fewer threads without columns. Same-call A/B on an H100, bf16, us, one
+    // round, before -> after: LayerNorm 43690x3072 200.0 -> 192.0, 26214x5120
+    // 216.0 -> 191.5, 21845x6144 203.8 -> 191.8; RMSNorm 26214x5120 197.3 ->
+    // 193.3, 10922x12288 197.7 -> 191.7. With a residual a power of two
+    // still: add_ln 10922x12288 lost, 420.2 / 417.2 -> 447.5 / 448.0 (two
+    // rounds), though 26214x5120 gained, 424.9 / 421.9 -> 390.7 / 390.2
+    // (RESULTS.md 1b).
+    const int tpr = std::max<int>(lanes, a.residual ? pow2_ceil((nvec + kRegItems - 1) / kRegItems)
+                                                    : row_threads(nvec, kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
