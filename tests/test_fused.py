@@ -385,7 +385,7 @@ def _check_fp8_params(kind, params, quant, shape, platform):
 # LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100); at
 # 8192, RMSNorm's per row holds x * gamma in 256-thread CTAs, at 16384 its
 # per row and per group in 512-thread CTAs. At 12288 a row takes one CTA of
-# 384 threads, at 24576 a cluster of two such CTAs (slice_threads).
+# 384 threads, at 24576 a cluster of two such CTAs (row_threads).
 @pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (700, 12288), (600, 16384),
                                    (300, 24576), (300, 65536)], ids=sid)
 @pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])

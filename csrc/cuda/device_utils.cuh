@@ -527,6 +527,14 @@ __device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, flo
   }
 }
 
+// RMSNorm's output where gamma is given and the scale is not zero-centred:
+// v = v * rstd * g.
+template <int N>
+__device__ __forceinline__ void scale_plain(float (&v)[N], float rstd, const float (&g)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = v[j] * rstd * g[j];
+}
+
 // LayerNorm's output where gamma and beta are given and the scale is not
 // zero-centred, with nothing left to decide: v = (v - mean) * rstd * g + b,
 // beta's add in the fma, and for 16-bit x (NARROW) (v - mean) * rstd as one
@@ -927,21 +935,17 @@ inline int pow2_ceil(int64_t v) {
   return p;
 }
 
-// Threads for a row of `packs` packs, `items` a thread: a power of two up to
-// a warp (warp_sum's shuffles), whole warps beyond, so that few threads are
-// left without columns (fwd_regs, and bwd_slices where one CTA takes a row).
-inline int row_threads(int64_t packs, int items) {
-  const int64_t per_thread = (packs + items - 1) / items;
-  return per_thread <= 32 ? pow2_ceil(per_thread) : static_cast<int>((per_thread + 31) / 32 * 32);
-}
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Threads of each CTA of a `cluster` that splits a row of `nvec` packs,
-// `items` packs a thread (fwd_slices, bwd_slices: CTA `rank` holds packs
-// [rank, rank + 1) * items * threads): whole warps, so that the row's packs
-// are spread evenly over the CTAs.
-inline int slice_threads(int64_t nvec, int cluster, int items) {
-  const int64_t per_thread = (nvec + static_cast<int64_t>(cluster) * items - 1) / (static_cast<int64_t>(cluster) * items);
-  return static_cast<int>((per_thread + 31) / 32 * 32);
+// Threads for a row (or a CTA's slice of one) of `packs` packs, `items` a
+// thread: a power of two up to a warp (warp_sum's shuffles), whole warps
+// beyond, so that few threads are left without columns. A cluster's CTAs
+// take row_threads(ceil_div(packs, cluster), items) each: equal slices
+// (fwd_slices, bwd_slices; CTA `rank` holds packs [rank, rank + 1) *
+// items * threads).
+inline int row_threads(int64_t packs, int items) {
+  const int64_t per_thread = ceil_div(packs, items);
+  return per_thread <= 32 ? pow2_ceil(per_thread) : static_cast<int>(ceil_div(per_thread, 32) * 32);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -644,7 +644,7 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
   if constexpr (kSlicesFit<T, VEC>) {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
     // Across a cluster the row's packs are spread evenly over its CTAs
-    // (slice_threads), not a power of two of threads each. Same-call A/B on
+    // (row_threads of a CTA's share), not a power of two of threads each. Same-call A/B on
     // an H100, bf16, us, one round, before -> after: LayerNorm 6553x20480
     // 339.3 -> 319.7, 5461x24576 312.0 -> 303.9, 2730x49152 321.3 -> 310.6;
     // RMSNorm 305.2 -> 296.1, 294.0 -> 291.1, 299.5 -> 291.9 (RESULTS.md 1b).
@@ -653,8 +653,7 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // 303.6 and 322.2 -> 288.5; 21845x6144 327.3 -> 333.9 and 308.6 ->
     // 314.4; 10922x12288 level (one round). CTAs of more than half of
     // kSliceThreads (one an SM) take EARLY, and the fold below.
-    const int tpr = cluster > 1 ? slice_threads(nvec, cluster, kSliceItems)
-                                : std::max(32, row_threads(nvec, kSliceItems));
+    const int tpr = std::max(32, row_threads(ceil_div(nvec, cluster), kSliceItems));
     // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
     const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
     auto kernel = tpr > kSliceThreads / 2 ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;

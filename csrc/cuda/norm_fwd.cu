@@ -417,8 +417,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
           unpack(bv[i], b);
           scale_shift_plain<(sizeof(T) < 4)>(v[i], mean, rstd, g, b);
         } else {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[i][j] = v[i][j] * rstd * g[j];
+          scale_plain(v[i], rstd, g);
         }
       } else {
         const V g = gv[i], b = bv[i];
@@ -1062,8 +1061,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             }
             scale_shift_plain<(sizeof(T) < 4)>(v, mean, rstd, g, b);
           } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) v[j] = v[j] * rstd * g[j];
+            scale_plain(v, rstd, g);
           }
         } else if constexpr (ONE_CTA) {
           const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
@@ -1513,7 +1511,7 @@ template <NormKind K>
 bool plain_slices(const FwdArgs& a, int64_t nvec) {
   if (a.shape.rows <= 2 * device_attribute<cudaDevAttrMultiProcessorCount>()) return false;
   if constexpr (K == NormKind::kRms) {
-    return 4 * nvec <= 3 * static_cast<int64_t>(kRegItems) * pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+    return 4 * nvec <= 3 * static_cast<int64_t>(kRegItems) * pow2_ceil(ceil_div(nvec, kRegItems));
   }
   return true;
 }
@@ -1577,8 +1575,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     return ffi::Error::Internal("jax_rmsnorm: fwd_slices needs 16-byte packs");
   } else {
     const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
-    // The row's packs spread evenly over the cluster's CTAs (slice_threads),
-    // not a power of two of threads each, which left the last CTAs few
+    // The row's packs spread evenly over the cluster's CTAs (row_threads of
+    // a CTA's share), not a power of two of threads each, which left the last CTAs few
     // columns or none. Same-call A/B on an H100, bf16, us, one round, before
     // -> after: LayerNorm 2730x49152 226.6 -> 216.2, 1365x98304 228.2 ->
     // 216.4; per-tensor FP8 5461x24576 205.4 -> 177.6, 2730x49152 220.2 ->
@@ -1587,8 +1585,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     // per row 165.8 -> 155.0, LayerNorm per tensor 169.4 -> 160.5). Not
     // RMSNorm's plain forward with its own copies (kSliceOwnCopies), which
     // lost: 2730x49152 201.1 / 199.4 -> 208.2 / 206.2 (RESULTS.md 1b).
-    const int tpr = kSliceOwnCopies<K, Q> ? pow2_ceil((nvec + cluster * kSliceItems - 1) / (cluster * kSliceItems))
-                                          : slice_threads(nvec, cluster, kSliceItems);
+    const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA's slice
+    const int tpr = kSliceOwnCopies<K, Q> ? pow2_ceil(ceil_div(share, kSliceItems)) : row_threads(share, kSliceItems);
     const size_t stage_bytes = static_cast<size_t>(tpr) * kSliceItems * 16;  // a CTA's slice of x
     size_t smem = 2 * stage_bytes;                                            // two stages
     auto kernel = fwd_slices<K, Q, T, P, VEC>;
@@ -1645,8 +1643,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     // still: add_ln 10922x12288 lost, 420.2 / 417.2 -> 447.5 / 448.0 (two
     // rounds), though 26214x5120 gained, 424.9 / 421.9 -> 390.7 / 390.2
     // (RESULTS.md 1b).
-    const int tpr = std::max<int>(lanes, a.residual ? pow2_ceil((nvec + kRegItems - 1) / kRegItems)
-                                                    : row_threads(nvec, kRegItems));
+    const int tpr =
+        std::max<int>(lanes, a.residual ? pow2_ceil(ceil_div(nvec, kRegItems)) : row_threads(nvec, kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
