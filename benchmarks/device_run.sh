@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-fused|bench-fp8in|bench-extra|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-between|bench-fused|bench-fp8in|bench-extra|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -16,6 +16,11 @@ for step in "$@"; do
         tee "$OUT/tests_gpu.log" | tail -15 ;;
     dist) python3 benchmarks/bench_dist.py 2>&1 | tee "$OUT/bench_dist.log" ;;
     bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
+    bench-between)  # the widths between table 1's (RESULTS.md 1b)
+      { python3 benchmarks/bench_norm.py --reps 5 --hidden 2048 3072 5120 6144 12288 20480 24576 32768 49152 98304 131072
+        python3 benchmarks/bench_fused.py --reps 5 --ops ln_fp8 ln_fp8_row rms_fp8 rms_fp8_row \
+          --hidden 2048 6144 12288 24576 32768 49152 131072
+      } 2>&1 | tee "$OUT/bench_between.log" | grep -v '^|' ;;
     bench-fused)  # residual add + norm, FP8 output (issue 5)
       { python3 benchmarks/bench_fused.py
         python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
