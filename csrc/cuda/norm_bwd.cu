@@ -642,12 +642,13 @@ constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec, SlotLayout* l) {
   if constexpr (kSlicesFit<T, VEC>) {
-    const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
+    const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
     // Across a cluster the row's packs are spread evenly over its CTAs
-    // (row_threads of a CTA's share), not a power of two of threads each. Same-call A/B on
-    // an H100, bf16, us, one round, before -> after: LayerNorm 6553x20480
-    // 339.3 -> 319.7, 5461x24576 312.0 -> 303.9, 2730x49152 321.3 -> 310.6;
-    // RMSNorm 305.2 -> 296.1, 294.0 -> 291.1, 299.5 -> 291.9 (RESULTS.md 1b).
+    // (row_threads of a CTA's share), not a power of two of threads each.
+    // Same-call A/B on an H100, bf16, us, one round, before -> after:
+    // LayerNorm 6553x20480 339.3 -> 319.7, 5461x24576 312.0 -> 303.9,
+    // 2730x49152 321.3 -> 310.6; RMSNorm 305.2 -> 296.1, 294.0 -> 291.1,
+    // 299.5 -> 291.9 (RESULTS.md 1b).
     // Where one CTA takes the row, whole warps too (row_threads): 43690x3072
     // LayerNorm 322.6 -> 295.7, RMSNorm 298.1 -> 290.0; 26214x5120 353.3 ->
     // 303.6 and 322.2 -> 288.5; 21845x6144 327.3 -> 333.9 and 308.6 ->

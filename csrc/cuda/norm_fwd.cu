@@ -1501,8 +1501,11 @@ constexpr int64_t kRegsCtaVecs =
 // fwd_decode): fwd_regs has no loads in flight during a row's reductions
 // and stores, and at 20480-24576 a quarter or more of its threads hold no
 // columns. RMSNorm stays in fwd_regs where more than three quarters of that
-// CTA's threads hold columns. Same-call A/B on an H100, bf16, us, two
-// rounds, fwd_regs -> fwd_slices: LayerNorm 6553x20480 323.2 / 323.0 ->
+// CTA's threads would hold columns, the CTA counted as the power of two of
+// threads fwd_regs took when this was measured (it now takes whole warps,
+// row_threads, below; RMSNorm's fwd_regs against fwd_slices at 20480-24576
+// with whole warps is not measured). Same-call A/B on an H100, bf16, us,
+// two rounds, fwd_regs -> fwd_slices: LayerNorm 6553x20480 323.2 / 323.0 ->
 // 220.7 / 218.6, 5461x24576 282.9 / 281.2 -> 212.1 / 211.3, 4096x32768
 // 244.0 / 245.5 -> 207.9 / 208.1; RMSNorm 6553x20480 250.1 / 246.4 -> 197.9
 // / 198.2, 5461x24576 223.6 / 221.2 -> 202.4 / 202.1, but 4096x32768 (its
@@ -1574,10 +1577,10 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   if constexpr (sizeof(T) * VEC != 16) {
     return ffi::Error::Internal("jax_rmsnorm: fwd_slices needs 16-byte packs");
   } else {
-    const int cluster = pow2_ceil((nvec + kSliceVecs - 1) / kSliceVecs);
+    const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
     // The row's packs spread evenly over the cluster's CTAs (row_threads of
-    // a CTA's share), not a power of two of threads each, which left the last CTAs few
-    // columns or none. Same-call A/B on an H100, bf16, us, one round, before
+    // a CTA's share), not a power of two of threads each, which left the last
+    // CTAs few columns or none. Same-call A/B on an H100, bf16, us, one round, before
     // -> after: LayerNorm 2730x49152 226.6 -> 216.2, 1365x98304 228.2 ->
     // 216.4; per-tensor FP8 5461x24576 205.4 -> 177.6, 2730x49152 220.2 ->
     // 186.4; per row 234.4 -> 198.6 and 270.2 -> 221.8 (RMSNorm 181.6 ->
