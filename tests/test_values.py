@@ -117,9 +117,12 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 # packs (the row spread evenly over them, row_threads; in bf16 the plain
 # forward takes fwd_slices from hidden 16384 up, RMSNorm's at 20480). At
 # 3072 and 5120 (bf16) fwd_regs takes CTAs of two rows of 96 threads and of
-# one row of 160, and the backward one CTA of 96 or 160 threads a row.
-MANY_ROWS = [(3000, 1024), (2000, 3072), (3000, 4096), (1000, 5120), (1200, 8192), (400, 16384), (400, 20480),
-             (300, 49152), (500, 65536), (72, 262144)]
+# one row of 160, and the backward one CTA of 96 or 160 threads a row. At
+# 8200 and 12288 (bf16) LayerNorm's backward takes a cluster of two a row
+# (at 8200 slices of 513 and 512 packs), and at 12288 its plain forward one
+# CTA of fwd_slices.
+MANY_ROWS = [(3000, 1024), (2000, 3072), (3000, 4096), (1000, 5120), (1200, 8192), (600, 8200), (800, 12288),
+             (400, 16384), (400, 20480), (300, 49152), (500, 65536), (72, 262144)]
 
 
 @pytest.mark.parametrize("shape", MANY_ROWS, ids=lambda s: "x".join(map(str, s)))

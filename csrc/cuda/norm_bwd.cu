@@ -237,7 +237,8 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // current row, so the loads of the next row overlap this row's reductions and
 // stores. A stage is refilled only once every thread is done reading it: with
 // EARLY after a barrier at the top of the next row (the longest lead, best
-// with one CTA per SM: 16384-wide rows and clusters), else just after that
+// with one CTA per SM: 16384-wide rows and clusters; LayerNorm's from CTAs
+// of more than 128 threads, launch_bwd_slices), else just after that
 // row's reduction, whose barrier already orders it (best with several CTAs
 // per SM; on an H100, bf16, 32768x4096: 303 against 337 us, and 8192x16384:
 // 339 against 324 us the other way). gamma's packs of the slice are
@@ -639,10 +640,29 @@ constexpr bool kSlicesFit = sizeof(T) * VEC == 16;
 constexpr int64_t kRegVecs = 64;
 constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;  // per CTA
 
+// LayerNorm of 16-bit x splits rows of more than half and less than one
+// CTA's packs (hidden 8193 to 16383) over a cluster of 2, with EARLY (see
+// launch_bwd_slices). Same-call A/B on an H100, bf16, us, two rounds, one
+// CTA a row -> a cluster of 2: 14563x9216 397.7 / 398.8 -> 298.1 / 297.7,
+// 13107x10240 368.5 / 367.5 -> 313.5 / 315.8, 10922x12288 332.0 / 333.4 ->
+// 300.8 / 299.9, 9362x14336 323.8 / 327.0 -> 303.7 / 303.7; float16
+// 10922x12288 342.8 / 341.6 -> 301.9 / 301.4. In a build with knobs, two
+// rounds: 11915x11264 342 / 341 -> 301 / 302, 10082x13312 334 / 334 -> 293 /
+// 294; float32 parameters 13107x10240 356 -> 310, 10922x12288 326 -> 296.
+// Not taken: the cluster without EARLY (9216: 324 / 327), at 16384 (301 ->
+// 316), for float32 x (hidden 5120 level, 6144 557 -> 570) and for RMSNorm
+// (14336 286 -> 311, 12288 290 -> 302, 11264 296 -> 285). RESULTS.md 1c.
+template <NormKind K, class T>
+int bwd_cluster(int64_t nvec) {
+  const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
+  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && 2 * nvec > kSliceVecs && nvec < kSliceVecs;
+  return split ? 2 : cluster;
+}
+
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec, SlotLayout* l) {
   if constexpr (kSlicesFit<T, VEC>) {
-    const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
+    const int cluster = bwd_cluster<K, T>(nvec);
     // Across a cluster the row's packs are spread evenly over its CTAs
     // (row_threads of a CTA's share), not a power of two of threads each.
     // Same-call A/B on an H100, bf16, us, one round, before -> after:
@@ -653,11 +673,22 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // LayerNorm 322.6 -> 295.7, RMSNorm 298.1 -> 290.0; 26214x5120 353.3 ->
     // 303.6 and 322.2 -> 288.5; 21845x6144 327.3 -> 333.9 and 308.6 ->
     // 314.4; 10922x12288 level (one round). CTAs of more than half of
-    // kSliceThreads (one an SM) take EARLY, and the fold below.
+    // kSliceThreads (one an SM) take EARLY and the fold below.
     const int tpr = std::max(32, row_threads(ceil_div(nvec, cluster), kSliceItems));
     // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
     const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
-    auto kernel = tpr > kSliceThreads / 2 ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
+    // LayerNorm takes EARLY in clusters, and in one CTA of 129 to 255
+    // threads too. Same-call A/B on an H100, us, two rounds, after the
+    // reduction -> EARLY: bf16 26214x5120 306.9 / 305.8 -> 299.8 / 298.5,
+    // 21845x6144 339.1 / 341.3 -> 310.3 / 308.6, 18724x7168 316.6 / 318.3 ->
+    // 300.2 / 298.4; float32 x 43690x3072 614.0 / 617.0 -> 558.6 / 558.4;
+    // bf16 x with float32 parameters 21845x6144 343.4 / 345.2 -> 309.4 /
+    // 307.4. Not at 256 threads (float32 32768x4096 575.9 / 576.8 -> 594.2 /
+    // 594.8; bf16 16384x8192 1% faster), nor for RMSNorm (5120 290 -> 316,
+    // 7168 298 -> 310, 8192 294 -> 314; float32 3072 level; 6144 307 -> 285-288).
+    const bool early = tpr > kSliceThreads / 2 ||
+                       (K == NormKind::kLayer && (cluster > 1 || (tpr > kSliceThreads / 4 && tpr < kSliceThreads / 2)));
+    auto kernel = early ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
     // of kFold CTAs fold their column sums into one workspace row (fold_sums).

@@ -1510,13 +1510,30 @@ constexpr int64_t kRegsCtaVecs =
 // 244.0 / 245.5 -> 207.9 / 208.1; RMSNorm 6553x20480 250.1 / 246.4 -> 197.9
 // / 198.2, 5461x24576 223.6 / 221.2 -> 202.4 / 202.1, but 4096x32768 (its
 // CTA full) 200.6 / 199.7 -> 208.8 / 206.5 (RESULTS.md 1b).
-template <NormKind K>
+//
+// LayerNorm's rows of 16-bit x that one CTA of fwd_slices holds go there too
+// where fwd_regs' CTAs of one row (capped at 64 registers by kMaxRowThreads)
+// would fill less than five sixths of kMaxRowThreads threads an SM (hidden
+// 10241 to 13312: two CTAs of 352-416 threads), with fewer bytes in flight.
+// Same-call A/B on an H100, bf16, us, two rounds, fwd_regs -> fwd_slices:
+// 11915x11264 218.3 / 218.6 -> 203.9 / 203.3, 10922x12288 212.7 / 213.5 ->
+// 201.6 / 203.2, 10082x13312 209.2 / 210.5 -> 204.0 / 204.7; float16
+// 10922x12288 213.4 / 212.3 -> 201.2 / 203.6; bf16 x with float32
+// parameters 218.1 / 218.2 -> 212.5 / 212.6. Not taken: at 84% and more
+// (14563x9216, three CTAs of 288: 202.9 / 202.0 -> 199.9 / 202.6;
+// 16368x8200 level; 9362x14336, two of 448, level), float32 x (21845x6144
+// 370.1 / 371.2 -> 389.4 / 389.8), RMSNorm (10922x12288 191.2 / 188.8 ->
+// 202.3 / 203.4, knob build). RESULTS.md 1c.
+template <NormKind K, class T>
 bool plain_slices(const FwdArgs& a, int64_t nvec) {
   if (a.shape.rows <= 2 * device_attribute<cudaDevAttrMultiProcessorCount>()) return false;
   if constexpr (K == NormKind::kRms) {
-    return 4 * nvec <= 3 * static_cast<int64_t>(kRegItems) * pow2_ceil(ceil_div(nvec, kRegItems));
+    return nvec > kSliceVecs &&
+           4 * nvec <= 3 * static_cast<int64_t>(kRegItems) * pow2_ceil(ceil_div(nvec, kRegItems));
   }
-  return true;
+  if (nvec > kSliceVecs) return true;
+  const int tpr = row_threads(nvec, kRegItems);
+  return sizeof(T) == 2 && tpr >= kBlockThreads && 6 * (kMaxRowThreads / tpr) * tpr < 5 * kMaxRowThreads;
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
@@ -1528,7 +1545,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
                              : Q == Quant::kTensor || Q == Quant::kRow ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
-                             : Q == Quant::kNone && plain_slices<K>(a, nvec) ? kSliceVecs + 1
+                             : Q == Quant::kNone && plain_slices<K, T>(a, nvec) ? 1
                                                                              : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
