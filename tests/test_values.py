@@ -133,6 +133,19 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
     _check(kind, dtype, shape, platform, dtype, False, kind == "layer", case_key((kind, shape)))
 
 
+# Every parameter variant (zero-centred, no beta, no gamma, float32
+# parameters) where LayerNorm's plain forward takes one CTA of fwd_slices a
+# row and its backward a cluster of two (bf16 and float16 x at 12288, more
+# rows than two a SM): those launches' general, non-plain loops.
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_many_rows_param_variants(kind, dtype, platform):
+    shape = (400, 12288)
+    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
+        _check(kind, dtype, shape, platform, gdtype, zc, with_beta, case_key(("variants", kind, shape, i)))
+
+
 # Rows of a cluster's walk whose sums differ by orders of magnitude: each
 # row is scaled by 2^-5 .. 2^5 and, within it, each 16384-column block (one
 # CTA's slice of a bf16 row in fwd_slices / bwd_slices) by 1, 2 or 3, drawn
