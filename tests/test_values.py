@@ -81,12 +81,17 @@ def _check(kind, dtype, shape, platform, gdtype, zc, with_beta, key):
                      scale=max(1.0, np.abs(db_ref).max(), np.sqrt(rows)))
 
 
+def _check_variants(kind, dtype, shape, platform, key):
+    """_check of every _variants configuration, case keys key + (i,)."""
+    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
+        _check(kind, dtype, shape, platform, gdtype, zc, with_beta, case_key(key + (i,)))
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 def test_forward_backward(kind, dtype, shape, platform):
-    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
-        _check(kind, dtype, shape, platform, gdtype, zc, with_beta, case_key((kind, shape, i)))
+    _check_variants(kind, dtype, shape, platform, (kind, shape))
 
 
 # On a GPU the plain forward of at most two rows per SM, rows of up to 2048
@@ -105,8 +110,7 @@ def _decode_bounds():
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_decode_row_bounds(kind, dtype, rows, packs, platform):
     hidden = packs * (16 // np.dtype(dtype).itemsize) if packs != 1001 else packs
-    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
-        _check(kind, dtype, (rows, hidden), platform, gdtype, zc, with_beta, case_key((kind, rows, hidden, i)))
+    _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
 
 
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks
@@ -115,7 +119,7 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 # stage and barrier phase is reused; SHAPES above has too few rows for that.
 # At 20480 and 49152 a cluster's CTAs hold slices of 320 and 384 threads'
 # packs (the row spread evenly over them, row_threads; in bf16 the plain
-# forward takes fwd_slices from hidden 16384 up, RMSNorm's at 20480). At
+# forward takes fwd_slices above hidden 16384, RMSNorm's at 20480). At
 # 3072 and 5120 (bf16) fwd_regs takes CTAs of two rows of 96 threads and of
 # one row of 160, and the backward one CTA of 96 or 160 threads a row. At
 # 8200 and 12288 (bf16) LayerNorm's backward takes a cluster of two a row
@@ -142,8 +146,7 @@ def test_many_rows_per_slot(kind, dtype, shape, platform):
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_many_rows_param_variants(kind, dtype, platform):
     shape = (400, 12288)
-    for i, (gdtype, zc, with_beta) in enumerate(_variants(kind, dtype)):
-        _check(kind, dtype, shape, platform, gdtype, zc, with_beta, case_key(("variants", kind, shape, i)))
+    _check_variants(kind, dtype, shape, platform, ("variants", kind, shape))
 
 
 # Rows of a cluster's walk whose sums differ by orders of magnitude: each
