@@ -33,9 +33,11 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # At 12288 a row takes one CTA of 384 threads, at 24576 a cluster of two
 # (the row spread evenly over the CTAs, row_threads); at 12288 LayerNorm's
 # plain forward takes one CTA of fwd_slices, and at 8200 and 12288 its
-# backward (16-bit x) a cluster of two (slices of 513 and 512 packs at 8200).
-MANY_ROWS = [(9000, 1024), (2000, 4096), (600, 8200), (700, 12288), (600, 16384), (300, 24576), (300, 65536),
-             (64, 262144)]
+# backward (16-bit x) a cluster of two (slices of 513 and 512 packs at 8200);
+# at 16392 and 24576 that backward takes a cluster of four (slices of 513
+# and 512 packs at 16392).
+MANY_ROWS = [(9000, 1024), (2000, 4096), (600, 8200), (700, 12288), (600, 16384), (400, 16392), (300, 24576),
+             (300, 65536), (64, 262144)]
 
 
 def check(a, b, tol):

@@ -616,12 +616,12 @@ __global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
 template <class P, int CV>
 ffi::Error reduce_slots(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
-  const unsigned tiles = static_cast<unsigned>((a.shape.hidden + kReduceLanes * CV - 1) / (kReduceLanes * CV));
+  const unsigned tiles = static_cast<unsigned>(ceil_div(a.shape.hidden, kReduceLanes * CV));
   const unsigned groups = static_cast<unsigned>(a.shape.groups), outs = static_cast<unsigned>(a.param_outputs());
   const dim3 block(kReduceLanes, kReduceSplit);
   int64_t rows = l.used;
   if (rows > kReduceRows) {  // first pass: parts of kReduceRows slots
-    const int64_t parts = (rows + kReduceRows - 1) / kReduceRows;
+    const int64_t parts = ceil_div(rows, kReduceRows);
     if (parts * outs > 65535) return ffi::Error::Internal("jax_rmsnorm: too many backward slots");
     bwd_reduce<P, CV><<<dim3(tiles, groups, static_cast<unsigned>(parts * outs)), block, 0, stream>>>(
         a, l, ReduceStep{kReduceRows, 1, kReduceRows, l.used, false});
@@ -652,11 +652,20 @@ constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems
 // Not taken: the cluster without EARLY (9216: 324 / 327), at 16384 (301 ->
 // 316), for float32 x (hidden 5120 level, 6144 557 -> 570) and for RMSNorm
 // (14336 286 -> 311, 12288 290 -> 302, 11264 296 -> 285). RESULTS.md 1c.
+//
+// Past one CTA (hidden 16385 to 32767) the same holds one step up: where
+// each CTA of the cluster of 2 would take more than half a CTA's packs,
+// LayerNorm of 16-bit x takes a cluster of 4. In a build with knobs, bf16,
+// us, two rounds, a cluster of 2 -> 4: 6553x20480 319.6 / 321.2 -> 301.0 /
+// 300.7, 5461x24576 306.7 / 304.2 -> 302.7 / 303.0, 4681x28672 309.7 /
+// 305.0 -> 299.9 / 299.1; RMSNorm level or slower (RESULTS.md 1c, 1d).
 template <NormKind K, class T>
 int bwd_cluster(int64_t nvec) {
   const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
-  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && 2 * nvec > kSliceVecs && nvec < kSliceVecs;
-  return split ? 2 : cluster;
+  const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA at the natural size
+  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && cluster <= 2 && 2 * share > kSliceVecs &&
+                     share < kSliceVecs;
+  return split ? 2 * cluster : cluster;
 }
 
 template <NormKind K, class T, class P, int VEC>
@@ -728,7 +737,7 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const bool slices = kSlicesFit<T, VEC> && has_clusters() && nvec > kRegVecs &&
                       nvec <= kSliceVecs * kMaxCluster;
   if (!slices && nvec <= static_cast<int64_t>(kRegThreads) * kRegItems) {
-    const int tpr = pow2_ceil((nvec + kRegItems - 1) / kRegItems);
+    const int tpr = pow2_ceil(ceil_div(nvec, kRegItems));
     const int64_t rpb = std::min<int64_t>(tpr >= kBlockThreads ? 1 : kBlockThreads / tpr, slots);
     const int64_t blocks = slots / rpb;
     l.used = blocks * rpb;
@@ -744,7 +753,7 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   }
   if (a.param_outputs() == 0) return ffi::Error::Success();
   if (!a.workspace) {
-    const int64_t tiles = (nvec + kColLanes - 1) / kColLanes;
+    const int64_t tiles = ceil_div(nvec, kColLanes);
     if (tiles > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: hidden size too large");
     bwd_columns<K, T, P, VEC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
                                 dim3(kColLanes, kColSplit), 0, stream>>>(a);
