@@ -653,18 +653,25 @@ constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems
 // 316), for float32 x (hidden 5120 level, 6144 557 -> 570) and for RMSNorm
 // (14336 286 -> 311, 12288 290 -> 302, 11264 296 -> 285). RESULTS.md 1c.
 //
-// Past one CTA (hidden 16385 to 32767) the same holds one step up: where
-// each CTA of the cluster of 2 would take more than half a CTA's packs,
-// LayerNorm of 16-bit x takes a cluster of 4. In a build with knobs, bf16,
-// us, two rounds, a cluster of 2 -> 4: 6553x20480 319.6 / 321.2 -> 301.0 /
-// 300.7, 5461x24576 306.7 / 304.2 -> 302.7 / 303.0, 4681x28672 309.7 /
-// 305.0 -> 299.9 / 299.1; RMSNorm level or slower (RESULTS.md 1c, 1d).
+// Past one CTA the same holds one step up: where each CTA of the cluster of
+// 2 would take more than half and at most 7/8 of a CTA's packs (hidden 16385
+// to 28672), LayerNorm of 16-bit x takes a cluster of 4. Same-call A/B on an
+// H100, bf16, us, two rounds, a cluster of 2 -> 4: 8188x16392 357.7 / 355.6
+// -> 316.3 / 317.4, 7710x17408 343.2 / 343.8 -> 305.4 / 305.6, 7281x18432
+// 334.3 / 335.3 -> 302.1 / 301.4, 6553x20480 318.7 / 318.9 -> 301.1 /
+// 301.0, 5461x24576 304.5 / 302.2 -> 302.4 / 302.9, 4681x28672 301.7 /
+// 299.6 -> 299.3 / 299.0; float16 20480 326.6 / 326.9 -> 299.5 / 299.7;
+// float32 parameters 20480 321.6 / 323.0 -> 299.3 / 298.8. Above 7/8 the
+// cluster of 4 lost: 4519x29696 300.3 / 301.1 -> 305.5 / 305.0, 4369x30720
+// 300.3 / 299.8 -> 306.3 / 307.5, 4228x31744 304.0 / 303.4 -> 308.2 /
+// 309.9. The same cap on the first step was mixed (15360: bf16 1% faster,
+// float16 3% slower; 14848 level), so it is not taken there. RESULTS.md 1d.
 template <NormKind K, class T>
 int bwd_cluster(int64_t nvec) {
   const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
   const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA at the natural size
-  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && cluster <= 2 && 2 * share > kSliceVecs &&
-                     share < kSliceVecs;
+  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && 2 * share > kSliceVecs &&
+                     (cluster == 1 ? share < kSliceVecs : cluster == 2 && 8 * share <= 7 * kSliceVecs);
   return split ? 2 * cluster : cluster;
 }
 
