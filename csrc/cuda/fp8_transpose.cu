@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_ti
 
 // Tiles of a batch of rows x cols matrices: (column tiles, row tiles, batch).
 inline ffi::Error tile_grid(int64_t batch, int64_t rows, int64_t cols, int tile, dim3* grid) {
-  const int64_t tiles_c = (cols + tile - 1) / tile, tiles_r = (rows + tile - 1) / tile;
+  const int64_t tiles_c = ceil_div(cols, tile), tiles_r = ceil_div(rows, tile);
   if (batch > 65535 || tiles_c > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: the transpose is too large");
   *grid = dim3(static_cast<unsigned>(tiles_c), static_cast<unsigned>(std::min<int64_t>(tiles_r, 65535)),
                static_cast<unsigned>(batch));

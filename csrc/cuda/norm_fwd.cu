@@ -886,14 +886,13 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       uint8_t* const qrow = held(static_cast<uint8_t*>(a.y) + pending * H + first);
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
+        if (!in[i]) continue;
         if constexpr (kYSmem) {
-          if (in[i]) {
-            float v[VEC];
-            unpack(ysm[pack(i)], v);
-            store_q<VEC>(qrow + local(i), a.fp8, v, inv);
-          }
+          float v[VEC];
+          unpack(ysm[pack(i)], v);
+          store_q<VEC>(qrow + local(i), a.fp8, v, inv);
         } else {
-          if (in[i]) store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
+          store_q<VEC>(qrow + local(i), a.fp8, ys[i], inv);
         }
       }
       if (threadIdx.x == 0 && rank == 0) a.qscale[pending] = scale;
@@ -1430,7 +1429,7 @@ ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nv
     return ffi::Error::Internal("jax_rmsnorm: the two-pass forward takes no per-group FP8");
   } else {
     // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
-    const int64_t chunks = (nvec + kApplyThreads * kApplyItems - 1) / (kApplyThreads * kApplyItems);
+    const int64_t chunks = ceil_div(nvec, kApplyThreads * kApplyItems);
     if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
     const T* src = static_cast<const T*>(a.x);
     if (!a.given_stats) {
@@ -1666,7 +1665,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     const int tpr =
         std::max<int>(lanes, a.residual ? pow2_ceil(ceil_div(nvec, kRegItems)) : row_threads(nvec, kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
-    const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+    const int64_t blocks = ceil_div(a.shape.rows, rpb);
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
     if constexpr (Q == Quant::kNone && !XQ && sizeof(P) == sizeof(T)) {
       // Parameters loaded early (see fwd_regs) when the CTAs are few: at most
@@ -1710,14 +1709,14 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
             return check_launch("fwd_decode");
           }
         }
-        const int threads = std::max(32, pow2_ceil((nvec + kDecodeItems - 1) / kDecodeItems));
+        const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
         auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
         kernel<<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
       if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
         const int erpb = a.shape.rows <= 2 * sms ? std::max(1, kDecodeThreads / tpr) : rpb;
-        const int64_t eblocks = (a.shape.rows + erpb - 1) / erpb;
+        const int64_t eblocks = ceil_div(a.shape.rows, erpb);
         fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(eblocks), dim3(tpr, erpb), 0, stream>>>(a, 1);
         return check_launch("fwd_regs (early parameters)");
       }
@@ -1736,8 +1735,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   // CTAs than the single-CTA path: more of them resident per SM).
   constexpr int64_t kClusterCtaVecs = static_cast<int64_t>(kClusterCtaThreads) * kRegItems;
   if (regs_ok && VEC > 1 && nvec <= kClusterCtaVecs * kMaxCluster && has_clusters()) {
-    const int cluster = pow2_ceil((nvec + kClusterCtaVecs - 1) / kClusterCtaVecs);
-    const int tpr = std::max<int>(lanes, pow2_ceil((nvec + cluster * kRegItems - 1) / (cluster * kRegItems)));
+    const int cluster = pow2_ceil(ceil_div(nvec, kClusterCtaVecs));
+    const int tpr = std::max<int>(lanes, pow2_ceil(ceil_div(nvec, cluster * kRegItems)));
     const int64_t blocks = a.shape.rows * cluster;
     if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
     return launch_clustered(fwd_regs<K, Q, T, P, VEC, XQ>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
@@ -1774,9 +1773,9 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
     if (a.x_fp8 && !a.residual && !a.given_stats && a.shape.hidden % kFp8Vec == 0 &&
         a.x_group % kFp8Vec == 0 && packs <= kMaxRowThreads * kRegItems && aligned16(a.x) && aligned16(a.y) &&
         (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta))) {
-      const int tpr = pow2_ceil((packs + kRegItems - 1) / kRegItems);
+      const int tpr = pow2_ceil(ceil_div(packs, kRegItems));
       const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
-      const int64_t blocks = (a.shape.rows + rpb - 1) / rpb;
+      const int64_t blocks = ceil_div(a.shape.rows, rpb);
       if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
       fwd_fp8_regs<K, T, P><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
       return check_launch("fwd_fp8_regs");

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
 // Threads per row: `tpr`, several rows per block when it is under kThreads.
 inline ffi::Error stats_grid(const NormShape& shape, int tpr, dim3* grid, dim3* block) {
   const int rpb = kThreads / tpr;
-  const int64_t blocks = (shape.rows + rpb - 1) / rpb;
+  const int64_t blocks = ceil_div(shape.rows, rpb);
   if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
   *grid = dim3(static_cast<unsigned>(blocks));
   *block = dim3(tpr, rpb);
@@ -149,7 +149,7 @@ constexpr int kXRowPacks = 16;
 inline int x_stats_threads(int64_t nvec, int64_t rows) {
   const int sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
   const int64_t fill = (static_cast<int64_t>(sms) * 2048 + rows - 1) / std::max<int64_t>(rows, 1);
-  const int64_t want = std::max({(nvec + kXRowPacks - 1) / kXRowPacks, fill, std::min<int64_t>(nvec, 32)});
+  const int64_t want = std::max({ceil_div(nvec, kXRowPacks), fill, std::min<int64_t>(nvec, 32)});
   return pow2_ceil(std::min<int64_t>(want, kThreads));  // kThreads is a power of two
 }
 
@@ -176,7 +176,7 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
                    (!a.gamma || aligned16(a.gamma));
   dim3 grid, block;
   const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
-  JRN_RETURN_IF_ERROR(stats_grid(a.shape, std::min<int64_t>(kThreads, pow2_ceil((nvec + kRowPacks - 1) / kRowPacks)),
+  JRN_RETURN_IF_ERROR(stats_grid(a.shape, std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))),
                                  &grid, &block));
   if (vec) {
     grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
