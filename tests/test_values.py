@@ -124,7 +124,8 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 # one row of 160, and the backward one CTA of 96 or 160 threads a row. At
 # 8200 and 12288 (bf16) LayerNorm's backward takes a cluster of two a row
 # (at 8200 slices of 513 and 512 packs), and at 12288 its plain forward one
-# CTA of fwd_slices.
+# CTA of fwd_slices. At 16392 and 20480 (bf16) that backward takes a cluster
+# of four a row (at 16392 slices of 513 and 512 packs).
 MANY_ROWS = [(3000, 1024), (2000, 3072), (3000, 4096), (1000, 5120), (1200, 8192), (600, 8200), (800, 12288),
              (400, 16384), (500, 16392), (400, 20480), (300, 49152), (500, 65536), (72, 262144)]
 
