@@ -125,9 +125,14 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 # 8200 and 12288 (bf16) LayerNorm's backward takes a cluster of two a row
 # (at 8200 slices of 513 and 512 packs), and at 12288 its plain forward one
 # CTA of fwd_slices. At 16392 and 20480 (bf16) that backward takes a cluster
-# of four a row (at 16392 slices of 513 and 512 packs).
-MANY_ROWS = [(3000, 1024), (2000, 3072), (3000, 4096), (1000, 5120), (1200, 8192), (600, 8200), (800, 12288),
-             (400, 16384), (500, 16392), (400, 20480), (300, 49152), (500, 65536), (72, 262144)]
+# of four a row (at 16392 slices of 513 and 512 packs). RMSNorm's backward
+# (16-bit x) takes one CTA of 192 threads with EARLY at 6144, a cluster of
+# two CTAs of 160 threads at 8200 and of 192 with EARLY at 11264. At 20480
+# LayerNorm's plain forward reads its parameters from L2 in a cluster of two
+# (staged in shared memory from clusters of four: 49152, 65536).
+MANY_ROWS = [(3000, 1024), (2000, 3072), (3000, 4096), (1000, 5120), (1000, 6144), (1200, 8192), (600, 8200),
+             (500, 11264), (800, 12288), (400, 16384), (500, 16392), (400, 20480), (300, 49152), (500, 65536),
+             (72, 262144)]
 
 
 @pytest.mark.parametrize("shape", MANY_ROWS, ids=lambda s: "x".join(map(str, s)))

@@ -666,12 +666,30 @@ constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems
 // 300.3 / 299.8 -> 306.3 / 307.5, 4228x31744 304.0 / 303.4 -> 308.2 /
 // 309.9. The same cap on the first step was mixed (15360: bf16 1% faster,
 // float16 3% slower; 14848 level), so it is not taken there. RESULTS.md 1d.
+//
+// RMSNorm of 16-bit x splits rows of more than half and at most 11/16 of a
+// CTA's packs (hidden 8193 to 11264) over a cluster of 2: one CTA of 288-352
+// threads a row, two an SM, lost to clusters of CTAs of 160 threads (8193 to
+// 10240, four an SM) and of 192 threads with EARLY (10241 to 11264, below).
+// One build with knobs, H100, bf16, us, one CTA -> a cluster of 2: 15420x8704
+// 333.0 -> 303.2, 14563x9216 330.3 / 329.1 -> 302.4 / 297.8, 13797x9728
+// 312.5 -> 297.5, 13107x10240 311.2 / 310.5 -> 293.4 / 294.8, 12483x10752
+// 304.1 -> 286.6, 11915x11264 299.8 / 297.9 -> 287.8 / 285.3, 12787x10496
+// 306.2 -> 289.0; float16 9216 339.6 -> 303.8, 11264 305.7 -> 288.2; float32
+// parameters 9216 329.2 -> 304.4, 11264 302.9 -> 288.8. Not above: 11397x11776
+// 291.6 -> 294.6, 10922x12288 288.3 -> 302.3, 9362x14336 287.6 -> 311.0.
+// RESULTS.md 1e.
 template <NormKind K, class T>
 int bwd_cluster(int64_t nvec) {
   const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
   const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA at the natural size
-  const bool split = K == NormKind::kLayer && sizeof(T) == 2 && 2 * share > kSliceVecs &&
-                     (cluster == 1 ? share < kSliceVecs : cluster == 2 && 8 * share <= 7 * kSliceVecs);
+  bool split = false;
+  if constexpr (sizeof(T) == 2) {
+    if (2 * share > kSliceVecs) {
+      split = K == NormKind::kLayer ? (cluster == 1 ? share < kSliceVecs : cluster == 2 && 8 * share <= 7 * kSliceVecs)
+                                    : cluster == 1 && 16 * share <= 11 * kSliceVecs;
+    }
+  }
   return split ? 2 * cluster : cluster;
 }
 
@@ -701,9 +719,16 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // bf16 x with float32 parameters 21845x6144 343.4 / 345.2 -> 309.4 /
     // 307.4. Not at 256 threads (float32 32768x4096 575.9 / 576.8 -> 594.2 /
     // 594.8; bf16 16384x8192 1% faster), nor for RMSNorm (5120 290 -> 316,
-    // 7168 298 -> 310, 8192 294 -> 314; float32 3072 level; 6144 307 -> 285-288).
+    // 7168 298 -> 310, 8192 294 -> 314; float32 3072 level) except in CTAs
+    // of 192 threads of 16-bit x (three an SM), one a row or two: one build
+    // with knobs, bf16, us, after the reduction -> EARLY: 23831x5632 313.9 ->
+    // 285.7, 24966x5376 322.6 -> 286.6, 21845x6144 310.9 / 306.4 / 307.5 ->
+    // 289.8 / 286.1 / 284.7; float16 6144 307.8 -> 286.9; float32 parameters
+    // 6144 308.6 -> 287.6; clusters of 2 at 10752-11264 (bwd_cluster).
+    // RESULTS.md 1e.
     const bool early = tpr > kSliceThreads / 2 ||
-                       (K == NormKind::kLayer && (cluster > 1 || (tpr > kSliceThreads / 4 && tpr < kSliceThreads / 2)));
+                       (K == NormKind::kLayer && (cluster > 1 || (tpr > kSliceThreads / 4 && tpr < kSliceThreads / 2))) ||
+                       (K == NormKind::kRms && sizeof(T) == 2 && tpr == 192);
     auto kernel = early ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters

@@ -701,6 +701,17 @@ constexpr bool kSliceRefillAtEnd =
 // 219.6 / 218.0 -> 222.6 / 223.2, float16 2048x65536 221.2 / 220.2 -> 234.9
 // / 237.5; beta's loads issued a pack ahead besides spilled 48-64 bytes and
 // lost 12-23% (RESULTS.md 6z).
+// From clusters of 4 (rows of over 32768 16-bit columns): in clusters of 2
+// the CTAs that staging makes one an SM lost to two unstaged. One build with
+// a knob, H100, bf16, us, staged -> not: 6553x20480 217.2 / 222.0 / 217.4 ->
+// 207.1 / 204.1 / 204.5, 5461x24576 209.1 -> 199.4, 4681x28672 level (202.9
+// -> 202.8), 4096x32768 205.4 -> 199.8; float16 5461x24576 216.4 -> 203.3.
+// From clusters of 4 staging still won (2184x61440 205.9 against 209.5,
+// 2048x65536 201.2 / 207.4, 1024x131072 200.6 / 209.7, 585x229376 212.9 /
+// 216.2, 512x262144 200.1 / 212.4) or was mixed (3276x40960 213.0 / 208.5,
+// 2730x49152 214.2 / 208.7, 2340x57344 level; 1365x98304 bf16 215.7 / 205.3,
+// float16 206.6 / 210.5). RESULTS.md 1e.
+constexpr int kSliceStagedCluster = 4;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -1628,7 +1639,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       }
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
-      if (cluster > 1 && a.plain_params<K>()) {  // LayerNorm's: gamma and beta
+      if (cluster >= kSliceStagedCluster && a.plain_params<K>()) {  // LayerNorm's: gamma and beta
         smem += 2 * stage_bytes;  // gamma's and beta's packs
         kernel = fwd_slices<K, Q, T, P, VEC, false, true, true>;
       }
