@@ -680,8 +680,9 @@ template <NormKind K, Quant Q>
 constexpr bool kSliceRefillAtEnd =
     Q == Quant::kNone || (K == NormKind::kLayer && (Q == Quant::kTensor || Q == Quant::kRow));
 
-// STAGED_PARAMS: LayerNorm's plain forward across a cluster (gamma and beta
-// given, not zero-centred, packs as wide as x's) copies its gamma and beta
+// STAGED_PARAMS: LayerNorm's plain forward across a cluster of at least
+// kSliceStagedCluster CTAs (gamma and beta given, not zero-centred, packs as
+// wide as x's) copies its gamma and beta
 // slices into shared memory after the two stages, each thread its own packs
 // (no barrier: no thread reads another's), again only when the row's
 // parameter group changes. The output pass then reads them from there
