@@ -237,10 +237,11 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // current row, so the loads of the next row overlap this row's reductions and
 // stores. A stage is refilled only once every thread is done reading it: with
 // EARLY after a barrier at the top of the next row (the longest lead, best
-// with one CTA per SM: 16384-wide rows and clusters; LayerNorm's from CTAs
-// of more than 128 threads, launch_bwd_slices), else just after that
-// row's reduction, whose barrier already orders it (best with several CTAs
-// per SM; on an H100, bf16, 32768x4096: 303 against 337 us, and 8192x16384:
+// with one CTA per SM: 16384-wide rows; LayerNorm's in every cluster and
+// from CTAs of more than 128 threads, RMSNorm's in CTAs of 192 threads of
+// 16-bit x: launch_bwd_slices has the rule), else just after that row's
+// reduction, whose barrier already orders it (best with several CTAs per
+// SM; on an H100, bf16, 32768x4096: 303 against 337 us, and 8192x16384:
 // 339 against 324 us the other way). gamma's packs of the slice are
 // copied into shared memory once (sgamma). dgamma/dbeta column sums stay in
 // registers; with `fold` > 1 (whole rows a CTA, so `cluster` is 1) each

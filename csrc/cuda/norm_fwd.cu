@@ -682,10 +682,9 @@ constexpr bool kSliceRefillAtEnd =
 
 // STAGED_PARAMS: LayerNorm's plain forward across a cluster of at least
 // kSliceStagedCluster CTAs (gamma and beta given, not zero-centred, packs as
-// wide as x's) copies its gamma and beta
-// slices into shared memory after the two stages, each thread its own packs
-// (no barrier: no thread reads another's), again only when the row's
-// parameter group changes. The output pass then reads them from there
+// wide as x's) copies its gamma and beta slices into shared memory after the
+// two stages, each thread its own packs (no barrier: no thread reads
+// another's), again only when the row's parameter group changes. The output pass then reads them from there
 // instead of from L2: with 192 KB of stages an SM, L1 holds little, and the
 // two parameter loads a pack doubled what x alone moves from L2. One CTA an
 // SM (128 KB, 80 registers). Same-run A/B on an H100, us, two rounds
