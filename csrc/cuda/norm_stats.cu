@@ -148,7 +148,7 @@ inline ffi::Error stats_grid(const NormShape& shape, int tpr, dim3* grid, dim3* 
 constexpr int kXRowPacks = 16;
 inline int x_stats_threads(int64_t nvec, int64_t rows) {
   const int sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);
-  const int64_t fill = (static_cast<int64_t>(sms) * 2048 + rows - 1) / std::max<int64_t>(rows, 1);
+  const int64_t fill = ceil_div(static_cast<int64_t>(sms) * 2048, std::max<int64_t>(rows, 1));
   const int64_t want = std::max({ceil_div(nvec, kXRowPacks), fill, std::min<int64_t>(nvec, 32)});
   return pow2_ceil(std::min<int64_t>(want, kThreads));  // kThreads is a power of two
 }
