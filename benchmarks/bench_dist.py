@@ -20,7 +20,7 @@ all-gather) against psum followed by the norm (ours, and the jnp one), inside
 shard_map: forward only, forward+backward, and forward after the row-parallel
 matmul that makes the partial sums.
 
-    python benchmarks/bench_dist.py                    # all devices, rows 32768, hidden 8192
+    python benchmarks/bench_dist.py                    # all devices, 16384 rows a device, hidden 8192
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
     python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
     python benchmarks/bench_dist.py --all-reduce-only
@@ -216,7 +216,9 @@ def kernel_times(programs, calls=10):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=32768)
+    ap.add_argument("--rows", type=int, default=0,
+                    help="rows of x, all devices together (default: 16384 a device, so that each device's "
+                         "share stays far above L2 and a program's time is its kernels', not its launch)")
     ap.add_argument("--hidden", type=int, default=8192)
     ap.add_argument("--ar-rows", type=int, default=8192, help="rows of each device's partial sum")
     ap.add_argument("--devices", type=int, default=0, help="how many devices (default: all)")
@@ -237,7 +239,7 @@ def main():
     if n > len(devices) and not args.pieces_only:
         raise SystemExit(f"--devices {n}: only {len(devices)} visible")
     devices = devices[:n]
-    M, H = args.rows, args.hidden
+    M, H = args.rows or 16384 * n, args.hidden
     dt = jnp.bfloat16
     if args.pieces_only:
         print(f"{devices[0].device_kind} (one device; the slice one of {n} devices holds), "
