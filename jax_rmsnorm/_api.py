@@ -562,10 +562,13 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     receives the sums of 1/n of the rows), normalized where they land, and
     all-gathered: the same bytes on the wire as the all-reduce, and 1/n of the
     normalization work each. With ``method="psum"`` it is the all-reduce and
-    the norm of every row. ``"auto"`` takes ``"psum"`` over an axis of 2
-    devices, where NCCL's all-reduce measured faster than its reduce-scatter
-    plus all-gather (2 H200s, 8192 x 8192 bf16: 0.63 against 0.66 ms with the
-    norm), and ``"scatter"`` over more (4 H200s: 1.09x psum + ``rms_norm``).
+    the norm of every row. ``"auto"`` is ``"psum"``: where a matmul makes the
+    partial sum, as in a model, NCCL's one all-reduce beat its reduce-scatter
+    plus all-gather by more than the norm's work saved, on 2 H100s (0.77
+    against 0.87 ms, 8192 x 8192 bf16 a device) and on 4 (1.75 against 1.77
+    ms, 16384 x 8192). ``"scatter"`` was ahead only where the partial sum was
+    a program input, which ``psum`` first copies (4 H100s: 1.42 against
+    1.58 ms); more than 4 devices were not measured.
 
     Under differentiation (without ``scatter``) the forward is the all-reduce
     and the norm of every row instead, saving the whole sum: the cotangent of
@@ -601,16 +604,12 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
                              f"axis size {n}, got shape {x.shape}")
         return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=eps,
                         zero_centered_gamma=zero_centered_gamma)
-    if method == "auto":
-        method = "psum" if n <= _PSUM_MAX_DEVICES else "scatter"
     return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes,
                             method == "scatter")
 
 
-# all_reduce_rms_norm's methods, and the largest axis that "auto" all-reduces
-# over (benchmarks/RESULTS.md, table 5).
+# all_reduce_rms_norm's methods ("auto" is "psum"; benchmarks/RESULTS.md, table 5).
 _ALL_REDUCE_METHODS = ("auto", "scatter", "psum")
-_PSUM_MAX_DEVICES = 2
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))

@@ -374,13 +374,13 @@ def test_all_reduce_rms_norm(platform, scatter, method, rows):
 
 
 @pytest.mark.parametrize("n,method,fwd_ops", [
-    (4, "auto", ["all-gather", "reduce-scatter"]), (4, "psum", ["all-reduce"]),
+    (4, "auto", ["all-reduce"]), (4, "psum", ["all-reduce"]), (4, "scatter", ["all-gather", "reduce-scatter"]),
     (2, "auto", ["all-reduce"]), (2, "scatter", ["all-gather", "reduce-scatter"])])
 def test_all_reduce_rms_norm_hlo(n, method, fwd_ops):
     """Forward alone: reduce-scatter + all-gather (1/n of the rows normalized
-    per device) or one all-reduce, as the method says ("auto": the all-reduce
-    over 2 devices only). Forward and backward: one all-reduce and nothing
-    else (the backward needs no communication), as psum + rms_norm."""
+    per device) or one all-reduce, as the method says ("auto": the all-reduce).
+    Forward and backward: one all-reduce and nothing else (the backward needs
+    no communication), as psum + rms_norm."""
     mesh = _mesh("cpu", 1, n)
     on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
     fwd = on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model", method=method))
