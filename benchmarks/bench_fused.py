@@ -21,10 +21,11 @@ returned because dh is an input: h has a consumer (the next block's residual
 add), so a model writes it. ``--fwdbwd-drop-h`` times the older definition
 without h, where XLA need not write it and recomputes x + r in the backward.
 With ``--hidden-slice`` the FP8 outputs (per tensor, row or group, with or
-without the residual) take the path each device runs when the hidden dim is
-split across devices, here on one device with no mesh axes: the statistics
-kernel, then the apply_fp8 kernel (per row: a measuring pass, then the
-quantizing one), and the residual add in an XLA fusion before them.
+without the residual) and the residual add + norm (``add_rms``, ``add_ln``)
+take the path each device runs when the hidden dim is split across devices,
+here on one device with no mesh axes: the statistics kernel (with the
+residual, ``*_add_stats``: h and its statistics in one pass), then the apply
+or apply_fp8 kernel (per row: a measuring pass, then the quantizing one).
 ``fp8in_rms`` / ``fp8in_ln`` normalize an FP8 x with one scale per group of
 ``--group`` columns into ``--dtype`` (``_tensor``: one scale for the tensor):
 q and the scales read, y written; the jnp composition dequantizes and
@@ -89,17 +90,21 @@ def dequantize(q, s, group):
 
 
 def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
-    """(x, r) -> the FP8 output as one device of a split hidden dim makes it
-    (see --hidden-slice), in the public functions' output order."""
+    """(x, r) -> the FP8 output (mode None: y of the residual add + norm) as
+    one device of a split hidden dim makes it (see --hidden-slice), in the
+    public functions' output order."""
     from jax_rmsnorm import _primitives as prim
 
     def call(x, r):
         fused = prim.FusedSpec(residual=r is not None, h_dtype=x.dtype if r is not None else None, quant=mode,
-                               out_dtype=np.dtype(FP8[fmt]), group_size=group if mode == "group" else 0)
+                               out_dtype=None if mode is None else np.dtype(FP8[fmt]),
+                               group_size=group if mode == "group" else 0)
         q, _, _, h, qs, _ = prim.norm_fwd_fused(
             x, g, b, r, jnp.asarray(scale, jnp.float32), None, kind=kind, eps=1e-6 if kind == "rms" else 1e-5,
             zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer", fused=fused,
             on_hidden_slice="cpu" if jax.default_backend() == "cpu" else "cuda")
+        if mode is None:
+            return q, h
         return (q, qs, h) if r is not None else (q, qs)
     return call
 
@@ -164,7 +169,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
                 "group": jrn.layer_norm_fp8_groupwise, "current": jrn.layer_norm_fp8_current}[mode]
         call = lambda x, r: (base(x, r, g, b) if mode is None else base(x, g, b, residual=r, **kw)) if residual \
             else base(x, g, b, **kw)
-    if hidden_slice and mode in ("tensor", "row", "group"):
+    if hidden_slice and (mode in ("tensor", "row", "group") or (mode is None and residual)):
         call = hidden_slice_call(kind, mode, fmt, group, zc_scale, g, b)
 
     def comp(x, r):
@@ -223,7 +228,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--hidden-slice", action="store_true",
-                    help="FP8 outputs on the path of one device of a split hidden dim (see above)")
+                    help="FP8 outputs, and add_rms / add_ln, on the path of one device of a split hidden dim (see above)")
     ap.add_argument("--fwdbwd-drop-h", action="store_true",
                     help="*_fwdbwd without h among the outputs (the definition before 2026-11-24)")
     args = ap.parse_args()

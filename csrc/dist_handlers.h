@@ -1,6 +1,7 @@
 // The FFI handlers of the distributed building blocks, defined once for both
 // platforms (like JRN_DEFINE_NORM_HANDLERS, whose helpers they reuse):
 //   *_stats       x -> per-row statistics of this slice of the hidden dim
+//   *_add_stats   (x, residual) -> (the same statistics of h, h = x + residual)
 //   *_grad_stats  (dy, x, [mean], rstd, gamma) -> per-row sum gdy*xhat (LayerNorm: and sum gdy)
 //   *_apply       (x, gamma, [beta], [mean], rstd) -> y, with given statistics
 //   *_apply_fp8   (x, gamma, [beta], [mean], rstd, scale) -> (q, qs): the same,
@@ -49,12 +50,30 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
   namespace jrn_dist_##PREFIX {                                                                 \
   using namespace ::jrn;                                                                        \
   namespace xf = ::xla::ffi;                                                                    \
+  /* With a residual (and h): h = x + residual is stored and its */                            \
+  /* statistics taken, in one pass.                               */                            \
   template <NormKind K>                                                                         \
-  xf::Error Stats(CTX_DECL xf::AnyBuffer x, xf::AnyBuffer out) {                                 \
+  xf::Error Stats(CTX_DECL xf::AnyBuffer x, const xf::AnyBuffer* residual, xf::AnyBuffer out,    \
+                  xf::AnyBuffer* h) {                                                           \
     StatsArgs a;                                                                                \
     if (auto e = read_shape(x, x, false, &a.shape); e.failure()) return e;                      \
     if (auto e = check_out_stats(out, a.shape.rows, K == NormKind::kLayer ? 2 : 1); e.failure()) \
       return e;                                                                                 \
+    if (residual) {                                                                             \
+      const int64_t n = static_cast<int64_t>(x.element_count());                               \
+      if (auto e = check_kind(*residual, n, x.element_type(), xf::DataType::F32,                \
+                              "residual must have x's shape, and x's dtype or float32");        \
+          e.failure())                                                                          \
+        return e;                                                                               \
+      if (auto e = check_kind(*h, n, x.element_type(), xf::DataType::F32,                       \
+                              "h must have x's shape, and x's dtype or float32");               \
+          e.failure())                                                                          \
+        return e;                                                                               \
+      a.residual = residual->untyped_data();                                                    \
+      a.residual_f32 = residual->element_type() == xf::DataType::F32;                           \
+      a.h = h->untyped_data();                                                                  \
+      a.h_f32 = h->element_type() == xf::DataType::F32;                                         \
+    }                                                                                           \
     if (a.shape.rows == 0) return xf::Error::Success();                                         \
     a.x = x.untyped_data();                                                                     \
     a.out = static_cast<float*>(out.untyped_data());                                            \
@@ -148,16 +167,32 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormStats,                                                                     \
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, *out);                    \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, nullptr, *out, nullptr);  \
       },                                                                                        \
       JRN_BUFFERS(BIND, 1, 1),                           \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##LayerNormStats,                                                                   \
       [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, *out);                  \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, nullptr, *out, nullptr); \
       },                                                                                        \
       JRN_BUFFERS(BIND, 1, 1),                           \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##RmsNormAddStats,                                                                  \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer res,                            \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h) { \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, &res, *out, &*h);         \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 2, 2),                                                                  \
+      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      PREFIX##LayerNormAddStats,                                                                \
+      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer res,                            \
+         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h) { \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, &res, *out, &*h);       \
+      },                                                                                        \
+      JRN_BUFFERS(BIND, 2, 2),                                                                  \
       {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
       PREFIX##RmsNormGradStats,                                                                 \

@@ -16,6 +16,8 @@
       d["jrn_layer_norm_bwd"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormBwd)); \
       d["jrn_rms_norm_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormStats)); \
       d["jrn_layer_norm_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormStats));\
+      d["jrn_rms_norm_add_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormAddStats));\
+      d["jrn_layer_norm_add_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormAddStats));\
       d["jrn_rms_norm_grad_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormGradStats));\
       d["jrn_layer_norm_grad_stats"] = nb::capsule(reinterpret_cast<void*>(PREFIX##LayerNormGradStats));\
       d["jrn_rms_norm_apply"] = nb::capsule(reinterpret_cast<void*>(PREFIX##RmsNormApply)); \

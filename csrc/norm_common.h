@@ -229,6 +229,12 @@ struct StatsArgs {
   const void* gamma = nullptr;  // gradient statistics only; null: no scale
   bool zero_centered = false;
   float* out = nullptr;  // rows x (1 or 2) floats
+  // x statistics with a residual: h = x + residual (summed in float32, stored
+  // to `h` in its dtype), and the statistics of h as stored.
+  const void* residual = nullptr;
+  bool residual_f32 = false;  // residual is float32 (else x's dtype)
+  void* h = nullptr;
+  bool h_f32 = false;  // h is float32 (else x's dtype)
 };
 
 // ---- Decoding of the FFI buffers into FwdArgs/BwdArgs, shared by both platforms.

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ._primitives import (LAYER, RMS, _placeholder, _row_stats_shape, combine_stats, merge_layer_stats, norm_bwd,
-                          norm_fwd, norm_grad_stats, norm_stats, varying_axes)
+                          norm_fwd, norm_grad_stats, norm_stats, residual_sum, varying_axes)
 
 Array = jax.Array
 
@@ -189,8 +189,10 @@ def _full_hidden(x, axes):
     return x.shape[-1] * math.prod(jax.lax.axis_size(a) for a in axes)
 
 
-def _sliced_forward(x, gamma, beta, cfg, axes):
-    stats = _slice_stats(x, cfg.kind)
+def _sliced_forward(x, gamma, beta, cfg, axes, stats=None):
+    """(y, mean, rstd) of a slice of the hidden dim; ``stats``: the slice's
+    statistics, if already taken."""
+    stats = _slice_stats(x, cfg.kind) if stats is None else stats
     mean, rstd = combine_stats(cfg.kind, stats, axes, _full_hidden(x, axes), x.shape[-1], cfg.eps)
     y, _, _ = _forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)
     return y, mean, rstd
@@ -226,10 +228,13 @@ def _dispatch(x, gamma, beta, cfg, axis_name):
 # differentiable building blocks.
 
 
-def _slice_stats(x, kind):
+def _slice_stats(x, kind, residual=None, h_dtype=None):
+    """The statistics of a slice of the hidden dim; with ``residual``,
+    ``(statistics of h, h)`` for h = x + residual stored in ``h_dtype``."""
     if x.size == 0:
-        return jnp.zeros(_row_stats_shape(kind, x), jnp.float32)
-    return norm_stats(x, kind=kind)
+        stats = jnp.zeros(_row_stats_shape(kind, x), jnp.float32)
+        return stats if residual is None else (stats, residual_sum(x, residual, h_dtype))
+    return norm_stats(x, kind=kind, residual=residual, h_dtype=h_dtype)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(1,))

@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
-    _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _sliced_forward, _sum_to_primal_vma
-from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused, \
-    residual_sum
+    _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _slice_stats, _sliced_forward, _sum_to_primal_vma
+from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused
 
 Array = jax.Array
 
@@ -189,8 +188,8 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
     ``h``, then the norm of a slice of the hidden dim)."""
     spec, norm = cfg.spec, cfg.norm
     if cfg.axes:
-        h = residual_sum(x, residual, spec.h_dtype)
-        y, mean, rstd = _sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes)
+        stats, h = _slice_stats(x, norm.kind, residual, spec.h_dtype)  # h and its statistics: one pass
+        y, mean, rstd = _sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes, stats)
         return y.astype(x.dtype), mean, rstd, h, None, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)

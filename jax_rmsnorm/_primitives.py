@@ -360,14 +360,16 @@ def kernel_param(p, x):
 
 def _fwd_add_sharded(st, axes, hidden, x, *rest):
     """The residual add + norm on one device's slice of the hidden dim: ``h``
-    from XLA's elementwise fusion, then the statistics of the slice of ``h``,
-    combined over ``axes``, and the normalization with them. Three passes over
-    the slice instead of the fused kernel's one, but only per-row statistics
-    cross devices."""
+    and the statistics of the slice of ``h`` in one pass (``*_add_stats``),
+    the statistics combined over ``axes``, then ``h`` normalized with them.
+    Two passes over the slice instead of the fused kernel's one, but only
+    per-row statistics cross devices."""
     n_params = 1 if st.kind == RMS else 2
     params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
-    h = residual_sum(x, residual, st.fused.h_dtype)
-    y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params))
+    slice_stats, h = _add_stats_kernel(st.kind, x, residual, st.fused.h_dtype)
+    mean, rstd = combine_stats(st.kind, slice_stats, axes, hidden, h.shape[-1], st.eps)
+    stats = [rstd] if st.kind == RMS else [mean, rstd]
+    (y,) = _fwd_local(_with(st, fused=None, given_stats=True), h, *(kernel_param(p, h) for p in params), *stats)
     return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32)]
 
 
@@ -406,9 +408,12 @@ def _fwd_quant_sharded(st, axes, hidden, x, *rest):
     fused = st.fused
     n_params = 1 if st.kind == RMS else 2
     params, (residual, scale, _) = rest[:n_params], rest[n_params:n_params + 3]
-    h = residual_sum(x, residual, fused.h_dtype) if fused.residual else x
+    if fused.residual:
+        slice_stats, h = _add_stats_kernel(st.kind, x, residual, fused.h_dtype)
+    else:
+        slice_stats, h = _stats_kernel(st.kind, x), x
     params = [kernel_param(p, h) for p in params]
-    mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, h), axes, hidden, h.shape[-1], st.eps)
+    mean, rstd = combine_stats(st.kind, slice_stats, axes, hidden, h.shape[-1], st.eps)
     stats = [rstd] if st.kind == RMS else [mean, rstd]
     pmax = lambda v: jax.lax.pmax(v, axes) if axes else v
     if fused.quant == "tensor":
@@ -600,9 +605,14 @@ norm_stats_p = Primitive("jax_rmsnorm_stats")
 norm_stats_p.multiple_results = True
 
 
-def norm_stats(x, *, kind):
-    """Per-row statistics of ``x`` over its last axis (see the section title)."""
-    return norm_stats_p.bind(x, kind=kind, grad=False, zero_centered_gamma=False, has_gamma=False)[0]
+def norm_stats(x, *, kind, residual=None, h_dtype=None):
+    """Per-row statistics of ``x`` over its last axis (see the section title).
+    With ``residual``: ``(statistics of h, h)``, ``h = x + residual`` summed in
+    float32 and stored in ``h_dtype``, in one pass."""
+    params = dict(kind=kind, grad=False, zero_centered_gamma=False, has_gamma=False)
+    if residual is None:
+        return norm_stats_p.bind(x, **params, h_dtype=None)[0]
+    return tuple(norm_stats_p.bind(x, residual, **params, h_dtype=np.dtype(h_dtype)))
 
 
 def norm_grad_stats(dy, x, mean, rstd, gamma, *, kind, zero_centered_gamma, has_gamma):
@@ -610,7 +620,7 @@ def norm_grad_stats(dy, x, mean, rstd, gamma, *, kind, zero_centered_gamma, has_
     (RMSNorm), or ``(sum(gdy * xhat), sum(gdy))`` shaped ``x.shape[:-1] + (2,)``
     (LayerNorm)."""
     stats = [rstd] if kind == RMS else [mean, rstd]
-    return norm_stats_p.bind(dy, x, *stats, gamma, kind=kind, grad=True,
+    return norm_stats_p.bind(dy, x, *stats, gamma, kind=kind, grad=True, h_dtype=None,
                              zero_centered_gamma=bool(zero_centered_gamma), has_gamma=bool(has_gamma))[0]
 
 
@@ -625,20 +635,27 @@ def _row_stats_shape(kind, x):
     return x.shape[:-1] + ((2,) if kind == LAYER else ())
 
 
-def _stats_roles(kind, grad, has_gamma, **_):
-    if not grad:
-        return [X], [_row_stats_role(kind)]
+def _stats_roles(kind, grad, has_gamma, h_dtype, **_):
+    if not grad:  # with h_dtype: (x, residual) -> (statistics, h)
+        return [X] * (1 if h_dtype is None else 2), [_row_stats_role(kind)] + ([] if h_dtype is None else [X])
     return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [_row_stats_role(kind)]
 
 
-def _stats_abstract(*args, kind, grad, **_):
+def _stats_abstract(*args, kind, grad, h_dtype, **_):
     x = args[1] if grad else args[0]
-    return [_like(x, _vma(*args), shape=_row_stats_shape(kind, x), dtype=np.float32, rows=x.ndim - 1)]
+    stats = _like(x, _vma(*args), shape=_row_stats_shape(kind, x), dtype=np.float32, rows=x.ndim - 1)
+    return [stats] + ([] if h_dtype is None else [_like(x, _vma(*args), dtype=h_dtype)])
 
 
 def _stats_kernel(kind, x):
     target = "jrn_rms_norm_stats" if kind == RMS else "jrn_layer_norm_stats"
     return _call(target, [(_row_stats_shape(kind, x), np.float32)], x)[0]
+
+
+def _add_stats_kernel(kind, x, residual, h_dtype):
+    """(statistics of h, h): h = x + residual as :func:`residual_sum` makes it."""
+    target = "jrn_rms_norm_add_stats" if kind == RMS else "jrn_layer_norm_add_stats"
+    return tuple(_call(target, [(_row_stats_shape(kind, x), np.float32), (x.shape, h_dtype)], x, residual))
 
 
 def _grad_stats_kernel(st, dy, x, mean, rstd, gamma):
@@ -649,6 +666,8 @@ def _grad_stats_kernel(st, dy, x, mean, rstd, gamma):
 
 
 def _stats_local(st, *args):
+    if not st.grad and st.h_dtype is not None:
+        return list(_add_stats_kernel(st.kind, *args, st.h_dtype))
     if not st.grad:
         return [_stats_kernel(st.kind, args[0])]
     dy, x, *rest = args
@@ -659,11 +678,11 @@ def _stats_local(st, *args):
 def _stats_sharded(st, axes, hidden, *args):
     """Statistics of whole rows from a slice of the hidden dim: sums are added
     over ``axes``; LayerNorm's (mean, m2) pairs are gathered and merged."""
-    (local,) = _stats_local(st, *args)
+    local, *h = _stats_local(st, *args)
     if st.grad or st.kind == RMS:
-        return [jax.lax.psum(local, axes)]
+        return [jax.lax.psum(local, axes), *h]
     mean, m2 = merge_layer_stats(jax.lax.all_gather(local, axes), args[0].shape[-1])
-    return [jnp.stack([mean, m2], axis=-1)]
+    return [jnp.stack([mean, m2], axis=-1), *h]
 
 
 def _stats_batch(args, dims, **params):

@@ -86,6 +86,43 @@ def test_add_norm_forward(kind, dtype, shape, platform):
         assert_close(y, _ref_y(kind, h_ref, gamma, beta, zc), dtype, what + " y")
 
 
+# The residual add + norm on a slice of a split hidden dim, as each device
+# runs it (h and the slice's statistics in one pass, *_add_stats, then the
+# apply kernel), here on one device with no mesh axes: h exactly, y against
+# float64, for each residual / h dtype; 700x4096 puts several rows in a CTA
+# of the statistics kernel, (5, 7) and (3, 40001) take its unaligned path.
+@pytest.mark.parametrize("shape", [(5, 7), (700, 4096), (3, 40001), (2, 65536)], ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_norm_hidden_slice_path(kind, dtype, shape, platform):
+    from jax_rmsnorm import _primitives as prim
+
+    key = case_key(("addslice", kind, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    for i, (r_dtype, h_dtype) in enumerate([(dtype, dtype), (jnp.float32, jnp.float32), (jnp.float32, dtype),
+                                            (dtype, jnp.float32)]):
+        r = random(key + 10 + i, shape, r_dtype, scale=1.5)
+        fused = prim.FusedSpec(residual=True, h_dtype=np.dtype(h_dtype))
+
+        def run(x, r, g, b):
+            y, _, _, h, _, _ = prim.norm_fwd_fused(
+                x, g, b, r, None, None, kind=kind, eps=EPS[kind], zero_centered_gamma=False, has_gamma=True,
+                has_beta=kind == "layer", fused=fused, on_hidden_slice="cuda" if platform == "gpu" else "cpu")
+            return y, h
+
+        args = put(platform, x, r, gamma, beta)
+        hlo = jax.jit(run).lower(*args).as_text()
+        assert f"jrn_{kind}_norm_add_stats" in hlo and f"jrn_{kind}_norm_apply" in hlo
+        poison(platform, 8 * x.size + 1024)
+        y, h = jax.jit(run)(*args)
+        what = f"{kind} {dname(dtype)} {shape} slice residual {dname(r_dtype)} h {dname(h_dtype)}"
+        h_ref = ref_add(x, r, h_dtype)
+        assert h.dtype == h_dtype and h.shape == shape and y.dtype == dtype, what
+        np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " h")
+        assert_close(y, _ref_y(kind, h_ref, gamma, beta), dtype, what + " y")
+
+
 # Wide rows on a GPU, in every dtype: 500x65536 takes the two passes
 # (fwd_add_stats, fwd_apply: rows enough to fill the GPU), 40x262144 one
 # cluster a row; a float32 h (h_dtype) always the cluster.

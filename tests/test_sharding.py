@@ -522,7 +522,8 @@ def test_fp8_hidden_sharded_hlo_moves_statistics_only(kind, case, axis_type):
     local_rows, local_hidden = rows // 2, hidden // 4
     assert comms and any(op == "all-reduce" for op, _ in comms)
     assert all(n <= max(2 * local_rows * 4, 2 * local_hidden + 2) for _, n in comms), comms
-    assert "jrn_" + kind + "_norm_stats" in hlo and "jrn_" + kind + "_norm_apply_fp8" in hlo
+    # h and its slice's statistics in one pass, then the apply_fp8 kernel
+    assert "jrn_" + kind + "_norm_add_stats" in hlo and "jrn_" + kind + "_norm_apply_fp8" in hlo
 
 
 def test_fp8_vmapped_scale_hidden_sharded():

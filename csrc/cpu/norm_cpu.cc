@@ -209,6 +209,30 @@ inline int64_t row_grain(int64_t hidden) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(hidden, 1));
 }
 
+// h = x + residual of row r (`row` holds x on entry), summed in float32 and
+// rounded to h's dtype: `row` becomes h as stored, and is stored to a.h if
+// `store`. FwdArgs and StatsArgs both carry the residual and h this way.
+template <class T, class Args>
+void add_residual(const Args& a, int64_t r, int64_t H, std::vector<float>& row, bool store) {
+  if (a.residual_f32) {
+    const float* res = static_cast<const float*>(a.residual) + r * H;
+    for (int64_t i = 0; i < H; ++i) row[i] += res[i];
+  } else {
+    const T* res = static_cast<const T*>(a.residual) + r * H;
+    for (int64_t i = 0; i < H; ++i) row[i] += to_float(res[i]);
+  }
+  if (a.h_f32) {
+    if (store) std::copy(row.begin(), row.end(), static_cast<float*>(a.h) + r * H);
+  } else {
+    T* h = static_cast<T*>(a.h) + r * H;
+    for (int64_t i = 0; i < H; ++i) {
+      const T hv = from_float<T>(row[i]);
+      if (store) h[i] = hv;
+      row[i] = to_float(hv);
+    }
+  }
+}
+
 // body(r0, r1) for consecutive chunks of rows [0, rows), run in parallel.
 template <class Body>
 void for_row_chunks(ffi::ThreadPool& pool, int64_t rows, int64_t hidden, const Body& body) {
@@ -322,25 +346,7 @@ struct CpuBackend {
         const T* xr = x + r * H;
         for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
       }
-      if (a.residual) {
-        if (a.residual_f32) {
-          const float* res = static_cast<const float*>(a.residual) + r * H;
-          for (int64_t i = 0; i < H; ++i) row[i] += res[i];
-        } else {
-          const T* res = static_cast<const T*>(a.residual) + r * H;
-          for (int64_t i = 0; i < H; ++i) row[i] += to_float(res[i]);
-        }
-        if (a.h_f32) {
-          if (!second) std::copy(row.begin(), row.end(), static_cast<float*>(a.h) + r * H);
-        } else {
-          T* h = static_cast<T*>(a.h) + r * H;
-          for (int64_t i = 0; i < H; ++i) {
-            const T hv = from_float<T>(row[i]);
-            if (!second) h[i] = hv;
-            row[i] = to_float(hv);
-          }
-        }
-      }
+      if (a.residual) add_residual<T>(a, r, H, row, !second);
       float mean = 0.f;
       if constexpr (K == NormKind::kLayer) {
         mean = a.given_stats ? a.mean[r]
@@ -489,14 +495,17 @@ struct CpuBackend {
   static ffi::Error stats(ffi::ThreadPool& pool, const StatsArgs& a) {
     const int64_t H = a.shape.hidden;
     for_row_chunks(pool, a.shape.rows, H, [&](int64_t r0, int64_t r1) {
+      std::vector<float> row(H);  // x, or h = x + residual as stored
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * H;
+        for (int64_t i = 0; i < H; ++i) row[i] = to_float(x[i]);
+        if (a.residual) add_residual<T>(a, r, H, row, true);
         double mean = 0.0;
         if constexpr (K == NormKind::kLayer) {
-          mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(to_float(x[i])); }) / static_cast<double>(H);
+          mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) / static_cast<double>(H);
         }
         const double ss = sum_f64(H, [&](int64_t i) {
-          const double v = to_float(x[i]) - mean;
+          const double v = row[i] - mean;
           return v * v;
         });
         if constexpr (K == NormKind::kLayer) {

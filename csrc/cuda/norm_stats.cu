@@ -1,7 +1,8 @@
 // Per-row statistics of a slice of the hidden dim, for normalization with the
 // hidden dim split across devices (see StatsArgs):
 //   x_stats:    RMSNorm sum(x^2); LayerNorm (mean, sum((x - mean)^2)), the
-//               sums taken around a shift near the row's mean (layer_shift).
+//               sums taken around a shift near the row's mean (layer_shift);
+//               or the same of h = x + residual, h stored in the same pass.
 //   grad_stats: sum(gdy * xhat), and for LayerNorm sum(gdy) after it,
 //               gdy = dy * scale.
 // and, on the same launch shape, x_amax: the measuring pass of RMSNorm's
@@ -37,7 +38,10 @@ constexpr int kThreads = 256;
 // gradients, whose registers rose from 32 to 45-80).
 constexpr int kRowPacks = 2;
 
-template <NormKind K, class T, int VEC>
+// ADD: the statistics of h = x + residual, h stored as it is summed (the
+// residual add + norm with the hidden dim split: one pass over x and the
+// residual instead of XLA's add, then these statistics reading h again).
+template <NormKind K, class T, int VEC, bool ADD = false>
 __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   constexpr bool kLayer = K == NormKind::kLayer;
   constexpr int M = kLayer ? 2 : 1;  // LayerNorm: sum(d), sum(d^2); RMSNorm: sum(x^2)
@@ -46,11 +50,27 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
   const T* x = static_cast<const T*>(a.x) + row * H;
-  const float shift = kLayer && valid ? layer_shift([&](int64_t c) { return to_float(x[c]); }, H) : 0.f;
+  // N values of the row from column c: x, or h = x + residual as h stores it.
+  auto load_row = [&]<int N>(int64_t c, float (&v)[N]) {
+    load_pack<N>(x + c, v);
+    if constexpr (ADD) {
+      float r[N];
+      load_pack_as<N, T>(a.residual, a.residual_f32, row * H + c, r);
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[j] += r[j];
+      round_as<N, T>(a.h_f32, v);
+    }
+  };
+  const float shift = kLayer && valid ? layer_shift([&](int64_t c) {
+    float v[1];
+    load_row(c, v);
+    return v[0];
+  }, H) : 0.f;
   float acc[M] = {};
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
     float v[VEC];
-    load_pack<VEC>(x + p * VEC, v);
+    load_row(p * VEC, v);
+    if constexpr (ADD) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
     add_shifted_sums<M>(acc, v, shift);
   }
   row_sum_lead<M>(acc, smem);
@@ -158,10 +178,21 @@ inline int x_stats_threads(int64_t nvec, int64_t rows) {
 template <NormKind K, class T>
 ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x);
+  const bool add = a.residual != nullptr;
+  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!add || (aligned16(a.residual) && aligned16(a.h)));
+  const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
+  // With the residual: the gradient statistics' threads (two tensors' loads).
+  const int tpr = add ? static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))))
+                      : x_stats_threads(nvec, a.shape.rows);
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(stats_grid(a.shape, x_stats_threads(a.shape.hidden / (vec ? kVec : 1), a.shape.rows), &grid, &block));
-  if (vec) {
+  JRN_RETURN_IF_ERROR(stats_grid(a.shape, tpr, &grid, &block));
+  if (add) {
+    if (vec) {
+      x_stats<K, T, kVec, true><<<grid, block, 0, stream>>>(a);
+    } else {
+      x_stats<K, T, 1, true><<<grid, block, 0, stream>>>(a);
+    }
+  } else if (vec) {
     x_stats<K, T, kVec><<<grid, block, 0, stream>>>(a);
   } else {
     x_stats<K, T, 1><<<grid, block, 0, stream>>>(a);
