@@ -664,6 +664,42 @@ def test_add_norm_shard_map_axis_name(platform, kind, dtype, h_dtype):
         assert not np.any(f64(gb))  # beta is not an input of the RMSNorm
 
 
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_add_norm_axis_name_vmapped(platform, kind):
+    # vmap inside shard_map: the statistics kernel with the residual
+    # (h and its statistics in one pass) batched; h exact, y as unsplit,
+    # and a gradient through it
+    mesh = _mesh(platform, 1, 2)
+    x = random(61, (3, 5, 64), jnp.bfloat16, scale=2.0)
+    r = random(62, (3, 5, 64), jnp.float32)
+    g = random(63, (64,), jnp.bfloat16)
+    b = random(64, (64,), jnp.bfloat16)
+
+    def one(x, r, g, b, axis_name=None):
+        if kind == "rms":
+            return jrn.add_rms_norm(x, r, g, h_dtype=jnp.float32, axis_name=axis_name)
+        return jrn.add_layer_norm(x, r, g, b, h_dtype=jnp.float32, axis_name=axis_name)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P(None, None, "model"),) * 2 + (P("model"),) * 2,
+             out_specs=(P(None, None, "model"),) * 2)
+    def split(x, r, g, b):
+        return jax.vmap(lambda a, c: one(a, c, g, b, "model"))(x, r)
+
+    y, h = split(x, r, g, b)
+    want_h = ref_add(x, r, jnp.float32)
+    np.testing.assert_array_equal(f64(h), f64(want_h))
+    want_y = np.stack([ref_forward(kind, want_h[i], g, b if kind == "layer" else None,
+                                   eps=1e-6 if kind == "rms" else 1e-5)[0] for i in range(3)])
+    _close(y, want_y, jnp.bfloat16)
+    loss = lambda x, r: loss_of(split(x, r, g, b)[0].astype(jnp.float32))
+    whole = lambda x, r: loss_of(jax.vmap(lambda a, c: one(a, c, g, b))(x, r)[0].astype(jnp.float32))
+    dev = jax.devices(platform)[0]
+    for got, want in zip(jax.jit(jax.grad(loss, (0, 1)))(x, r),
+                         jax.jit(jax.grad(whole, (0, 1)))(*jax.device_put((x, r), dev))):
+        np.testing.assert_allclose(f64(got), f64(want), rtol=2e-2, atol=2e-2)
+
+
 def test_add_norm_axis_name_errors():
     q = jnp.ones((4, 16), jnp.float8_e4m3fn)
     with pytest.raises(NotImplementedError, match="axis_name is not supported with an FP8 x"):
