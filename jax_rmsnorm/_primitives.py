@@ -330,8 +330,9 @@ def hidden_splittable(fused, slice_len) -> bool:
     return fused.quant != "group" or slice_len % fused.group_size == 0
 
 
-def _fwd_sharded(st, axes, hidden, x, *rest):
-    """The forward on one device's slice of the hidden dim (split over ``axes``)."""
+def _fwd_sharded(st, axes, hidden, x, *rest, slice_stats=None):
+    """The forward on one device's slice of the hidden dim (split over ``axes``).
+    ``slice_stats``: the plain norm's statistics of the slice, if already taken."""
     if st.given_stats:
         return _fwd_local(st, x, *rest)
     fused = st.get("fused")
@@ -339,7 +340,9 @@ def _fwd_sharded(st, axes, hidden, x, *rest):
         return _fwd_quant_sharded(st, axes, hidden, x, *rest)
     if fused is not None:
         return _fwd_add_sharded(st, axes, hidden, x, *rest)
-    mean, rstd = combine_stats(st.kind, _stats_kernel(st.kind, x), axes, hidden, x.shape[-1], st.eps)
+    if slice_stats is None:
+        slice_stats = _stats_kernel(st.kind, x)
+    mean, rstd = combine_stats(st.kind, slice_stats, axes, hidden, x.shape[-1], st.eps)
     (y,) = _fwd_local(_with(st, given_stats=True), x, *rest, *([rstd] if st.kind == RMS else [mean, rstd]))
     return [y, rstd] if st.kind == RMS else [y, mean, rstd]
 
@@ -367,9 +370,8 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     n_params = 1 if st.kind == RMS else 2
     params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
     slice_stats, h = _add_stats_kernel(st.kind, x, residual, st.fused.h_dtype)
-    mean, rstd = combine_stats(st.kind, slice_stats, axes, hidden, h.shape[-1], st.eps)
-    stats = [rstd] if st.kind == RMS else [mean, rstd]
-    (y,) = _fwd_local(_with(st, fused=None, given_stats=True), h, *(kernel_param(p, h) for p in params), *stats)
+    y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params),
+                             slice_stats=slice_stats)
     return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32)]
 
 
@@ -636,8 +638,10 @@ def _row_stats_shape(kind, x):
 
 
 def _stats_roles(kind, grad, has_gamma, h_dtype, **_):
-    if not grad:  # with h_dtype: (x, residual) -> (statistics, h)
-        return [X] * (1 if h_dtype is None else 2), [_row_stats_role(kind)] + ([] if h_dtype is None else [X])
+    if not grad and h_dtype is not None:  # (x, residual) -> (statistics of h, h)
+        return [X, X], [_row_stats_role(kind), X]
+    if not grad:
+        return [X], [_row_stats_role(kind)]
     return [X, X, *([R] if kind == RMS else [R, R]), P if has_gamma else E], [_row_stats_role(kind)]
 
 
