@@ -73,15 +73,22 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) Pack {
 // A pack widened to float. bfloat16 pairs are widened from their 32-bit word
 // by one shift (the low half) and one mask (the high half): per element,
 // the compiler's extract-then-shift takes two instructions for the high half.
+template <class T>
+__device__ __forceinline__ void widen2(uint32_t w, float& lo, float& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+  } else {
+    lo = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+    hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+  }
+}
 template <class T, int N>
 __device__ __forceinline__ void unpack(const Pack<T, N>& pk, float (&f)[N]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const uint32_t w = reinterpret_cast<const uint32_t*>(&pk)[i];
-      f[2 * i] = __uint_as_float(w << 16);
-      f[2 * i + 1] = __uint_as_float(w & 0xffff0000u);
-    }
+    for (int i = 0; i < N / 2; ++i)
+      widen2<T>(reinterpret_cast<const uint32_t*>(&pk)[i], f[2 * i], f[2 * i + 1]);
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) f[i] = to_float(pk.v[i]);
@@ -193,11 +200,19 @@ __device__ __forceinline__ void load_pack_as(const void* base, bool f32, int64_t
 }
 
 // Stores N elements at index `idx` of a float32 (`f32`) or T buffer, and
-// rounds f to what was stored.
+// rounds f to what was stored. Whole 16-byte packs of a 16-bit T are
+// converted once, by pairs, and the stored words widened back.
 template <int N, class T>
 __device__ __forceinline__ void store_pack_as(void* base, bool f32, int64_t idx, float (&f)[N]) {
   if (f32) {
     store_pack<N>(static_cast<float*>(base) + idx, f);
+  } else if constexpr (sizeof(T) == 2 && N * sizeof(T) % 16 == 0) {
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = pack2<T>(f[2 * i], f[2 * i + 1]);
+    store_words<N / 2>(static_cast<T*>(base) + idx, w);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) widen2<T>(w[i], f[2 * i], f[2 * i + 1]);
   } else {
     store_pack<N>(static_cast<T*>(base) + idx, f);
 #pragma unroll
@@ -211,6 +226,30 @@ __device__ __forceinline__ void round_as(bool f32, float (&f)[N]) {
   if (!f32) {
 #pragma unroll
     for (int i = 0; i < N; ++i) f[i] = to_float(from_float<T>(f[i]));
+  }
+}
+
+// The residual add: f += residual[idx, idx + N) of a float32
+// (`residual_f32`) or T buffer, in float, not yet rounded to what h stores
+// (store_h_as or round_as does that).
+template <int N, class T>
+__device__ __forceinline__ void add_residual(float (&f)[N], const void* residual, bool residual_f32,
+                                             int64_t idx) {
+  float r[N];
+  load_pack_as<N, T>(residual, residual_f32, idx, r);
+#pragma unroll
+  for (int j = 0; j < N; ++j) f[j] += r[j];
+}
+
+// h = f after add_residual: stored at index `idx` of h (float32 if `h_f32`,
+// else T) where h is an output (`h` not null), and f rounded to it either way,
+// so that what is normalized is h as stored.
+template <int N, class T>
+__device__ __forceinline__ void store_h_as(void* h, bool h_f32, int64_t idx, float (&f)[N]) {
+  if (h) {
+    store_pack_as<N, T>(h, h_f32, idx, f);
+  } else {
+    round_as<N, T>(h_f32, f);
   }
 }
 

@@ -216,22 +216,11 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   if (!EARLY && a.residual) {  // EARLY launches take no residual
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) {
-        float r[VEC];
-        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + column(i), r);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i][j] += r[j];
-      }
+      if (in[i]) add_residual<VEC, T>(v[i], a.residual, a.residual_f32, row * H + column(i));
     }
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) {
-        if (!a.no_output) {
-          store_pack_as<VEC, T>(a.h, a.h_f32, row * H + column(i), v[i]);
-        } else {
-          round_as<VEC, T>(a.h_f32, v[i]);
-        }
-      }
+      if (in[i]) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + column(i), v[i]);
     }
   }
   float sum[1] = {0.f};
@@ -437,20 +426,15 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
   const int64_t row = blockIdx.x;
-  // The row being normalized: x, or h = x + residual as stored. Later passes
+  // The row being normalized: x, or h = x + residual (`rounded`: as h
+  // stores it; the first pass leaves that to store_h_as). Later passes
   // recompute h rather than read it back (h is written through a different
   // path than the read-only loads, within this kernel).
-  auto load_row = [&](int64_t col, float (&v)[VEC]) {
-    load_x<XQ, VEC, T>(a, row, col, v);
+  auto load_row = [&]<int N>(int64_t col, float (&v)[N], bool rounded) {
+    load_x<XQ, N, T>(a, row, col, v);
     if (a.residual) {
-      float r[VEC];
-      load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + col, r);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] += r[j];
-      if (!a.h_f32) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = to_float(from_float<T>(v[j]));
-      }
+      add_residual<N, T>(v, a.residual, a.residual_f32, row * H + col);
+      if (rounded) round_as<N, T>(a.h_f32, v);
     }
   };
 
@@ -458,22 +442,16 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   float acc[2] = {0.f, 0.f};
   float shift = 0.f;
   if (K == NormKind::kLayer) {
-    auto h_at = [&](int64_t col) {
+    shift = layer_shift([&](int64_t col) {
       float v[1];
-      load_x<XQ, 1, T>(a, row, static_cast<int>(col), v);
-      if (a.residual) {
-        v[0] += a.residual_f32 ? static_cast<const float*>(a.residual)[row * H + col]
-                               : to_float(static_cast<const T*>(a.residual)[row * H + col]);
-        if (!a.h_f32) v[0] = to_float(from_float<T>(v[0]));
-      }
+      load_row(col, v, true);
       return v[0];
-    };
-    shift = layer_shift(h_at, H);
+    }, H);
   }
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
     float v[VEC];
-    load_row(p * VEC, v);
-    if (a.residual && !a.no_output) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
+    load_row(p * VEC, v, false);
+    if (a.residual) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + p * VEC, v);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const float d = v[j] - shift;
@@ -493,7 +471,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   auto normalize = [&](int64_t col, float (&v)[VEC]) {
-    load_row(col, v);
+    load_row(col, v, true);
     scale_shift<VEC>(v, mean_used, rstd, gamma, beta, col, a.zero_centered);
   };
   if constexpr (Q == Quant::kNone) {
@@ -684,8 +662,8 @@ constexpr bool kSliceRefillAtEnd =
 // kSliceStagedCluster CTAs (gamma and beta given, not zero-centred, packs as
 // wide as x's) copies its gamma and beta slices into shared memory after the
 // two stages, each thread its own packs (no barrier: no thread reads
-// another's), again only when the row's parameter group changes. The output pass then reads them from there
-// instead of from L2: with 192 KB of stages an SM, L1 holds little, and the
+// another's), again only when the row's parameter group changes. The output
+// pass then reads them from there instead of from L2: with 192 KB of stages an SM, L1 holds little, and the
 // two parameter loads a pack doubled what x alone moves from L2. One CTA an
 // SM (128 KB, 80 registers). Same-run A/B on an H100, us, two rounds
 // (RESULTS.md 6w): bf16 2048x65536 210.5 / 209.9 -> 202.4 / 202.5,
@@ -1331,13 +1309,10 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
   const float shift = kLayer ? layer_shift(h_at, H) : 0.f;
   float acc[M] = {};
   for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
-    float v[VEC], r[VEC];
+    float v[VEC];
     load_pack<VEC>(x + p * VEC, v);
-    load_pack<VEC>(res + p * VEC, r);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] += r[j];
-    round_as<VEC, T>(false, v);  // h as stored is what is normalized
-    store_pack<VEC>(h + p * VEC, v);
+    add_residual<VEC, T>(v, res, false, p * VEC);
+    store_pack_as<VEC, T>(h, false, p * VEC, v);  // h as stored is what is normalized
     if constexpr (kRowMax) {
       add_sq_scaled_max<VEC>(acc, v, gamma, p * VEC, a.zero_centered);
     } else {

@@ -50,26 +50,23 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
   const T* x = static_cast<const T*>(a.x) + row * H;
-  // N values of the row from column c: x, or h = x + residual as h stores it.
+  // N values of the row from column c: x, or h = x + residual, not yet
+  // rounded to what h stores.
   auto load_row = [&]<int N>(int64_t c, float (&v)[N]) {
     load_pack<N>(x + c, v);
-    if constexpr (ADD) {
-      float r[N];
-      load_pack_as<N, T>(a.residual, a.residual_f32, row * H + c, r);
-#pragma unroll
-      for (int j = 0; j < N; ++j) v[j] += r[j];
-      round_as<N, T>(a.h_f32, v);
-    }
+    if constexpr (ADD) add_residual<N, T>(v, a.residual, a.residual_f32, row * H + c);
   };
   const float shift = kLayer && valid ? layer_shift([&](int64_t c) {
     float v[1];
     load_row(c, v);
+    if constexpr (ADD) round_as<1, T>(a.h_f32, v);
     return v[0];
   }, H) : 0.f;
   float acc[M] = {};
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
     float v[VEC];
     load_row(p * VEC, v);
+    // h stored, and v rounded to it: its statistics are those of h as stored.
     if constexpr (ADD) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
     add_shifted_sums<M>(acc, v, shift);
   }
