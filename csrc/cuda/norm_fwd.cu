@@ -1651,7 +1651,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     // 193.3, 10922x12288 197.7 -> 191.7. With a residual a power of two
     // still: add_ln 10922x12288 lost, 420.2 / 417.2 -> 447.5 / 448.0 (two
     // rounds), though 26214x5120 gained, 424.9 / 421.9 -> 390.7 / 390.2
-    // (RESULTS.md 1b).
+    // (RESULTS.md 1b). Rows of 1025-2048 packs with a residual keep one CTA:
+    // a cluster of 2 or 4 smaller CTAs a row lost 5-20% at 8192x16384 and
+    // 24-39% at 10922x12288, with or without FP8 (RESULTS.md 6, "Latest").
     const int tpr =
         std::max<int>(lanes, a.residual ? pow2_ceil(ceil_div(nvec, kRegItems)) : row_threads(nvec, kRegItems));
     const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
