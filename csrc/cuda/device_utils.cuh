@@ -70,9 +70,10 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) Pack {
   T v[N];
 };
 
-// A pack widened to float. bfloat16 pairs are widened from their 32-bit word
-// by one shift (the low half) and one mask (the high half): per element,
-// the compiler's extract-then-shift takes two instructions for the high half.
+// The two 16-bit T of a 32-bit word (the first in the low half) widened to
+// float. bfloat16 by one shift (the low half) and one mask (the high half):
+// per element, the compiler's extract-then-shift takes two instructions for
+// the high half.
 template <class T>
 __device__ __forceinline__ void widen2(uint32_t w, float& lo, float& hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -83,6 +84,7 @@ __device__ __forceinline__ void widen2(uint32_t w, float& lo, float& hi) {
     hi = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
   }
 }
+// A pack widened to float (bfloat16 pairs by widen2).
 template <class T, int N>
 __device__ __forceinline__ void unpack(const Pack<T, N>& pk, float (&f)[N]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {

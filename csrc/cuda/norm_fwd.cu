@@ -663,9 +663,9 @@ constexpr bool kSliceRefillAtEnd =
 // wide as x's) copies its gamma and beta slices into shared memory after the
 // two stages, each thread its own packs (no barrier: no thread reads
 // another's), again only when the row's parameter group changes. The output
-// pass then reads them from there instead of from L2: with 192 KB of stages an SM, L1 holds little, and the
-// two parameter loads a pack doubled what x alone moves from L2. One CTA an
-// SM (128 KB, 80 registers). Same-run A/B on an H100, us, two rounds
+// pass then reads them from there instead of from L2: with 192 KB of stages
+// an SM, L1 holds little, and the two parameter loads a pack doubled what x
+// alone moves from L2. One CTA an SM (128 KB, 80 registers). Same-run A/B on an H100, us, two rounds
 // (RESULTS.md 6w): bf16 2048x65536 210.5 / 209.9 -> 202.4 / 202.5,
 // 512x262144 216.5 / 215.5 -> 208.8 / 207.5; float32 x 2048x65536 400.8 /
 // 403.0 -> 386.2 / 387.9. Not taken: RMSNorm's gamma staged the same way
