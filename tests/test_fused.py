@@ -227,6 +227,14 @@ def _fp8_fn(kind, quant, **kw):
     return lambda x, g, b, **k: fn(x, g, b, eps=EPS[kind], **kw, **k)
 
 
+def _run_fp8(platform, f, x, gamma, beta, **kw):
+    """jit(f)(x, gamma, beta, **kw) on `platform` (an `_fp8_fn`), with the
+    memory its outputs will take poisoned first."""
+    x_, g_, b_ = put(platform, x, gamma, beta)
+    poison(platform, 8 * x.size + 1024)
+    return jax.jit(f)(x_, g_, b_, **kw)
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=sid)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
@@ -236,9 +244,7 @@ def test_fp8_tensor(kind, dtype, shape, fmt, platform):
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
     gamma, beta = _params(kind, shape[-1], dtype, key)
     scale = np.float32(37.5 if fmt == E4M3 else 3000.0)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    q, amax = jax.jit(_fp8_fn(kind, "tensor", out_dtype=fmt))(x_, g_, b_, scale=scale)
+    q, amax = _run_fp8(platform, _fp8_fn(kind, "tensor", out_dtype=fmt), x, gamma, beta, scale=scale)
     y = _ref_y(kind, x, gamma, beta)
     what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
     assert q.shape == shape and amax.shape == () and amax.dtype == jnp.float32
@@ -274,9 +280,7 @@ def _check_fp8_rowwise(kind, dtype, shape, fmt, platform, tag):
     key = case_key((tag, kind, shape))
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
     gamma, beta = _params(kind, shape[-1], dtype, key)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    q, rs = jax.jit(_fp8_fn(kind, "row", out_dtype=fmt))(x_, g_, b_)
+    q, rs = _run_fp8(platform, _fp8_fn(kind, "row", out_dtype=fmt), x, gamma, beta)
     y = _ref_y(kind, x, gamma, beta)
     what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
     assert rs.shape == shape[:-1] and rs.dtype == jnp.float32
@@ -295,9 +299,7 @@ def test_fp8_current(kind, dtype, shape, fmt, platform):
     key = case_key(("c", kind, shape))
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
     gamma, beta = _params(kind, shape[-1], dtype, key)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    q, si = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt))(x_, g_, b_)
+    q, si = _run_fp8(platform, _fp8_fn(kind, "current", out_dtype=fmt), x, gamma, beta)
     y = _ref_y(kind, x, gamma, beta)
     what = f"{kind} {dname(dtype)} {shape} {dname(fmt)} current"
     assert si.shape == () and si.dtype == jnp.float32
@@ -307,13 +309,13 @@ def test_fp8_current(kind, dtype, shape, fmt, platform):
     assert np.abs(f64(q)).max() == m
     # the transposed copy: q's bytes, (hidden, rows); q itself as without it
     # (on the GPU made by another kernel, from the statistics of the measuring pass)
-    poison(platform, 8 * x.size + 1024)
-    q2, si2, qt = jax.jit(_fp8_fn(kind, "current", out_dtype=fmt, transpose=True))(x_, g_, b_)
+    q2, si2, qt = _run_fp8(platform, _fp8_fn(kind, "current", out_dtype=fmt, transpose=True), x, gamma, beta)
     rows = math.prod(shape[:-1])
     assert qt.shape == (shape[-1], rows) and qt.dtype == q.dtype and float(si2) == float(si)
     np.testing.assert_array_equal(np.asarray(qt).view(np.uint8), np.asarray(q2).reshape(rows, -1).T.view(np.uint8))
     assert_fp8_close(q2, np.clip(y / float(si), -m, m), fmt, what + " q with q_t", y_error(y) / float(si))
     # an all-zero tensor: the floor scale, zeros out
+    x_, g_ = put(platform, x, gamma)
     q, si = _fp8_fn(kind, "current", out_dtype=fmt)(jnp.zeros_like(x_), g_, None)
     assert float(si) == np.float32(MIN_SCALE) and not f64(q).any()
 
@@ -331,9 +333,7 @@ def test_fp8_current_params(kind, params, shape, platform):
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
     gamma, beta, zc = _param_case(kind, params, shape[-1], dtype, key)
     f = _fp8_fn(kind, "current", zero_centered_gamma=zc)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    q, si = jax.jit(f)(x_, g_, b_)
+    q, si = _run_fp8(platform, f, x, gamma, beta)
     what = f"{kind} {params} {shape} current"
     y = ref_forward(kind, x, gamma, beta, EPS[kind], zc)[0]
     np.testing.assert_allclose(float(si), ref_scales(np.abs(y).max(), E4M3), rtol=2e-5, err_msg=what + " scale_inv")
@@ -409,9 +409,7 @@ def _check_fp8_params(kind, params, quant, shape, platform):
     kw = dict(group_size=128) if quant == "group" else {}
     scale = np.float32(37.5)
     f = _fp8_fn(kind, quant, out_dtype=E4M3, zero_centered_gamma=zc, **kw)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    outs = jax.jit(f)(x_, g_, b_, **(dict(scale=scale) if quant == "tensor" else {}))
+    outs = _run_fp8(platform, f, x, gamma, beta, **(dict(scale=scale) if quant == "tensor" else {}))
     _check_fp8_outputs(kind, quant, x, gamma, beta, outs, E4M3, f"{kind} {params} {quant} {shape}",
                        scale=scale, group=128, zc=zc)
 
@@ -432,12 +430,10 @@ def test_fp8_many_rows(kind, quant, shape, platform):
     key = case_key(("many", kind, quant, shape))
     x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)
     gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
-    x_, g_, b_ = put(platform, x, gamma, beta)
     kw = dict(group_size=128) if quant == "group" else {}
     f = _fp8_fn(kind, quant, out_dtype=E4M3, **kw)
     scale = np.float32(37.5)
-    poison(platform, 8 * x.size + 1024)
-    outs = jax.jit(f)(x_, g_, b_, **(dict(scale=scale) if quant == "tensor" else {}))
+    outs = _run_fp8(platform, f, x, gamma, beta, **(dict(scale=scale) if quant == "tensor" else {}))
     what = f"{kind} {shape} {quant}"
     _check_fp8_outputs(kind, quant, x, gamma, beta, outs, E4M3, what, scale=scale, group=128)
     if quant in ("tensor", "current"):  # three tensors of 1000 rows, one amax / scale each
@@ -445,6 +441,7 @@ def test_fp8_many_rows(kind, quant, shape, platform):
         xs = random(key + 1, (3, n, shape[-1]), jnp.bfloat16, scale=2.0) * jnp.array([0.5, 4.0, 1.0])[:, None, None]
         xs = xs.astype(jnp.bfloat16)
         scales = np.array([300.0, 20.0, 90.0], np.float32)
+        g_, b_ = put(platform, gamma, beta)
         if quant == "tensor":
             got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
         else:
@@ -473,9 +470,7 @@ def test_fp8_groupwise(kind, dtype, group, shape, fmt, platform):
     mag = np.exp(np.random.default_rng(key).uniform(-3, 3, hidden // group)).repeat(group)
     x = (random(key, shape, jnp.float32) * mag).astype(dtype)
     gamma, beta = _params(kind, hidden, dtype, key)
-    x_, g_, b_ = put(platform, x, gamma, beta)
-    poison(platform, 8 * x.size + 1024)
-    q, gs = jax.jit(_fp8_fn(kind, "group", out_dtype=fmt, group_size=group))(x_, g_, b_)
+    q, gs = _run_fp8(platform, _fp8_fn(kind, "group", out_dtype=fmt, group_size=group), x, gamma, beta)
     y = _ref_y(kind, x, gamma, beta)
     what = f"{kind} {dname(dtype)} {shape} group {group} {dname(fmt)}"
     assert gs.shape == shape[:-1] + (hidden // group,) and gs.dtype == jnp.float32
