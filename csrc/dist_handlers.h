@@ -60,19 +60,10 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
     if (auto e = check_out_stats(out, a.shape.rows, K == NormKind::kLayer ? 2 : 1); e.failure()) \
       return e;                                                                                 \
     if (residual) {                                                                             \
-      const int64_t n = static_cast<int64_t>(x.element_count());                               \
-      if (auto e = check_kind(*residual, n, x.element_type(), xf::DataType::F32,                \
-                              "residual must have x's shape, and x's dtype or float32");        \
+      if (auto e = decode_residual(*residual, *h, static_cast<int64_t>(x.element_count()),      \
+                                   x.element_type(), &a);                                       \
           e.failure())                                                                          \
         return e;                                                                               \
-      if (auto e = check_kind(*h, n, x.element_type(), xf::DataType::F32,                       \
-                              "h must have x's shape, and x's dtype or float32");               \
-          e.failure())                                                                          \
-        return e;                                                                               \
-      a.residual = residual->untyped_data();                                                    \
-      a.residual_f32 = residual->element_type() == xf::DataType::F32;                           \
-      a.h = h->untyped_data();                                                                  \
-      a.h_f32 = h->element_type() == xf::DataType::F32;                                         \
     }                                                                                           \
     if (a.shape.rows == 0) return xf::Error::Success();                                         \
     a.x = x.untyped_data();                                                                     \

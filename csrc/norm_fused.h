@@ -67,6 +67,25 @@ inline const ffi::AnyBuffer& typed_input(const ffi::AnyBuffer& x, const ffi::Any
   return is_fp8_type(x.element_type()) ? y : x;
 }
 
+// The residual add's buffers into `a` (FwdArgs or StatsArgs): residual and h
+// of x's `n` elements, each in x's dtype `xt` or float32.
+template <class Args>
+inline ffi::Error decode_residual(const ffi::AnyBuffer& residual, ffi::AnyBuffer& h, int64_t n,
+                                  ffi::DataType xt, Args* a) {
+  if (auto e = check_kind(residual, n, xt, ffi::DataType::F32,
+                          "residual must have x's shape, and x's dtype or float32");
+      e.failure())
+    return e;
+  if (auto e = check_kind(h, n, xt, ffi::DataType::F32, "h must have x's shape, and x's dtype or float32");
+      e.failure())
+    return e;
+  a->residual = residual.untyped_data();
+  a->residual_f32 = residual.element_type() == ffi::DataType::F32;
+  a->h = h.untyped_data();
+  a->h_f32 = h.element_type() == ffi::DataType::F32;
+  return ffi::Error::Success();
+}
+
 // decode_fwd for the fused forward, then the FP8 input, residual and
 // quantization buffers. `quant` is a Quant value. The fields the caller set
 // in `a` before (no_output) are kept.
@@ -112,17 +131,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
     a->x_group = x_group_size;
   }
   if (has_residual) {
-    if (auto e = check_kind(residual, n, xt.element_type(), F32,
-                            "residual must have x's shape, and x's dtype or float32");
-        e.failure())
-      return e;
-    if (auto e = check_kind(h, n, xt.element_type(), F32, "h must have x's shape, and x's dtype or float32");
-        e.failure())
-      return e;
-    a->residual = residual.untyped_data();
-    a->residual_f32 = residual.element_type() == F32;
-    a->h = h.untyped_data();
-    a->h_f32 = h.element_type() == F32;
+    if (auto e = decode_residual(residual, h, n, xt.element_type(), a); e.failure()) return e;
   }
   if (a->quant == Quant::kNone) return ffi::Error::Success();
   if (y.element_type() == ffi::DataType::F8E4M3FN) {
