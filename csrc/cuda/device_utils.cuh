@@ -374,6 +374,13 @@ __device__ __forceinline__ void atomic_abs_max(float* p, float v) {
   const int bits = __float_as_int(v);
   if (bits > *reinterpret_cast<volatile int*>(p)) atomicMax(reinterpret_cast<int*>(p), bits);
 }
+// The same against `seen`, *p as read earlier (load_seen, with the kernel's
+// first loads): no load at the end, where the warp would wait for it.
+__device__ __forceinline__ float load_seen(const float* p) { return *reinterpret_cast<const volatile float*>(p); }
+__device__ __forceinline__ void atomic_abs_max(float* p, float v, float seen) {
+  const int bits = __float_as_int(v);
+  if (bits > __float_as_int(seen)) atomicMax(reinterpret_cast<int*>(p), bits);
+}
 
 // Clusters and bulk copies exist from sm_90 on; the launchers check
 // has_clusters() first, so the older architectures' builds never reach the
@@ -522,6 +529,24 @@ template <int N, class P>
 __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zero_centered,
                                            float (&s)[N]) {
   effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) { load_pack<N>(gamma + col, g); }, s);
+}
+
+// The backward's row sums over the VEC columns from `col` of x and dy (the
+// row's): acc[0] += sum(g * xhat) and, with two sums, acc[1] += sum(g), where
+// g = dy * scale and xhat = (x - mean) * rstd.
+template <int VEC, int SUMS, class T, class P>
+__device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, const T* dy, const P* gamma,
+                                              int64_t col, bool zero_centered, float mean, float rstd) {
+  float xv[VEC], d[VEC], s[VEC];
+  load_pack<VEC>(x + col, xv);
+  load_pack<VEC>(dy + col, d);
+  load_scale<VEC>(gamma, col, zero_centered, s);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float g = d[j] * s[j];
+    acc[0] += g * (xv[j] - mean) * rstd;
+    if constexpr (SUMS == 2) acc[1] += g;
+  }
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

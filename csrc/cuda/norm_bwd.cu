@@ -445,18 +445,8 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
     const float rstd = a.rstd[row];
     const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
     float acc[2] = {0.f, 0.f};
-    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
-      float xv[VEC], d[VEC], s[VEC];
-      load_pack<VEC>(x + p * VEC, xv);
-      load_pack<VEC>(dy + p * VEC, d);
-      load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float g = d[j] * s[j];
-        acc[0] += g * (xv[j] - mean) * rstd;
-        acc[1] += g;
-      }
-    }
+    for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x)
+      add_grad_sums<VEC>(acc, x, dy, gamma, p * VEC, a.zero_centered, mean, rstd);
     grad_row_sums<K>(acc, smem);
     float c1, c2;
     row_coefs<K>(a, row, true, acc, &c1, &c2);

@@ -122,36 +122,22 @@ __device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, f
   }
 }
 
-// Merges the CTA's per-row maxima `m` (held by thread x == 0 of each row)
-// into amax of each row's tensor: one atomic per tensor the CTA touches, or,
-// where a row is one warp or less, one a row. Such rows took their sums with
-// no barrier, and the CTA-wide one here cost per-tensor FP8 at 131072x1024
-// (bf16, H100, same-call A/B) 166.7 against 160.2 us for RMSNorm and 217.9
-// against 198.3 for LayerNorm. atomic_abs_max skips the atomic unless amax
-// grows, so the atomics stay few. `smem` holds a float per row of the CTA.
-__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row0, float m, float* smem) {
-  if (blockDim.y == 1 || blockDim.x <= 32) {
-    const int64_t row = row0 + threadIdx.y;
-    if (threadIdx.x == 0 && row < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row), m);
-    return;
-  }
-  if (threadIdx.x == 0) smem[threadIdx.y] = m;
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    const int64_t rpt = a.rows_per_tensor();
-    int64_t t = a.tensor_of(row0), end = (t + 1) * rpt;  // the rows of tensor t end at `end`
-    float run = 0.f;
-    for (int r = 0; r < static_cast<int>(blockDim.y) && row0 + r < a.shape.rows; ++r) {
-      if (row0 + r >= end) {
-        atomic_abs_max(a.amax + t, run);
-        ++t;
-        end += rpt;
-        run = 0.f;
-      }
-      run = abs_max(run, smem[r]);
-    }
-    atomic_abs_max(a.amax + t, run);
-  }
+// Merges this thread's max |y| `m` into amax of its row's tensor with no
+// barrier: the max over a warp's lanes of the row (a row's threads, or a
+// warp of them), then an atomic from its first lane where that max exceeds
+// `seen`, amax as loaded at the kernel's start (amax only grows, so an atomic
+// skipped could not have raised it). It replaced a CTA-wide max (two
+// barriers) and one atomic a row after a load of amax, at the CTA's end.
+// Same-call A/B on an H100, bf16 residual add + per-tensor FP8, us, two
+// rounds, before -> after: 32768x4096 362.9 / 366.0 -> 354.9 / 351.2,
+// 16384x8192 363.2 / 361.8 -> 356.6 / 354.9, 8192x16384 392.4 / 387.5 ->
+// 372.5 / 388.8, 131072x1024 (rows of a warp or less: no barrier before
+// either) level, 349.0 / 349.6 -> 351.2 / 350.4.
+__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row, float m, float seen) {
+  float mm[1] = {m};
+  const int lanes = blockDim.x < 32 ? static_cast<int>(blockDim.x) : 32;
+  warp_sum<1>(mm, lanes, AbsMaxOp{});
+  if (threadIdx.x % lanes == 0 && row < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row), mm[0], seen);
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
@@ -172,8 +158,9 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   // Per-tensor FP8: the scale loaded with x, not after the reductions, where
   // the stores waited for it (an L2 round trip a row); inverted (tensor_mul)
   // only after them, so that the division does not wait for the load.
-  float tensor_scale = 0.f;
+  float tensor_scale = 0.f, amax_seen = 0.f;
   if (Q == Quant::kTensor && valid && !a.no_output) tensor_scale = a.scale[a.tensor_of(row)];
+  if (Q == Quant::kTensor && valid && a.amax) amax_seen = load_seen(a.amax + a.tensor_of(row));
   const int col0 = (rank * static_cast<int>(blockDim.x) * kRegItems + static_cast<int>(threadIdx.x)) * VEC;
   const int col_step = static_cast<int>(blockDim.x) * VEC;
   auto column = [&](int i) { return col0 + i * col_step; };
@@ -287,12 +274,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     }
   }
   if constexpr (Q == Quant::kTensor) {
-    if (a.amax) {  // uniform over the CTA
-      float mm[1] = {m};
-      row_sum<1>(mm, smem, AbsMaxOp{});  // this CTA's part of the row
-      __shared__ float row_max[kBlockThreads];  // rows per CTA <= kBlockThreads
-      merge_amax(a, static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y, mm[0], row_max);
-    }
+    if (a.amax) merge_amax(a, row, m, amax_seen);
   } else if constexpr (Q == Quant::kRow) {
     float mm[1] = {m};
     row_sum<1>(mm, smem, AbsMaxOp{});

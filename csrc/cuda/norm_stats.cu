@@ -95,18 +95,8 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
   constexpr int kSums = grad_sums_per_row(K);  // RMSNorm: sum(gdy * xhat) alone
   float acc[kSums] = {};
-  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
-    float xv[VEC], d[VEC], s[VEC];
-    load_pack<VEC>(x + p * VEC, xv);
-    load_pack<VEC>(dy + p * VEC, d);
-    load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float g = d[j] * s[j];
-      acc[0] += g * (xv[j] - mean) * rstd;
-      if constexpr (kSums == 2) acc[1] += g;
-    }
-  }
+  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x)
+    add_grad_sums<VEC>(acc, x, dy, gamma, p * VEC, a.zero_centered, mean, rstd);
   row_sum_lead<kSums>(acc, smem);
   if (valid && threadIdx.x == 0) {
 #pragma unroll
