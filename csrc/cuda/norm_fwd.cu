@@ -132,7 +132,11 @@ __device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, f
 // rounds, before -> after: 32768x4096 362.9 / 366.0 -> 354.9 / 351.2,
 // 16384x8192 363.2 / 361.8 -> 356.6 / 354.9, 8192x16384 392.4 / 387.5 ->
 // 372.5 / 388.8, 131072x1024 (rows of a warp or less: no barrier before
-// either) level, 349.0 / 349.6 -> 351.2 / 350.4.
+// either) level, 349.0 / 349.6 -> 351.2 / 350.4. fwd_apply merges the same
+// way (its CTA-wide max and load of amax at the end were level with it: the
+// two-pass residual add + per-tensor FP8, 2048x65536 442.6 / 442.3 ->
+// 441.2 / 438.2 us; the hidden-slice apply, 8192x16384, 469.8 / 469.4 ->
+// 467.5 / 468.9).
 __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row, float m, float seen) {
   float mm[1] = {m};
   const int lanes = blockDim.x < 32 ? static_cast<int>(blockDim.x) : 32;
@@ -1320,20 +1324,20 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
 
 // y = (src - mean) * rstd * scale + beta for kApplyItems packs a thread of
 // one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd. Per-tensor
-// FP8 (Q = kTensor): y stored as q = y * scale, and the CTA's max |y| merged
-// into its tensor's amax; per row (kRow): q = y / qscale[row], the row's
+// FP8 (Q = kTensor): y stored as q = y * scale, and max |y| merged into
+// its tensor's amax by warps (merge_amax); per row (kRow): q = y / qscale[row], the row's
 // scale written by fwd_add_stats.
 template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* src, int chunks) {
   static_assert(Q == Quant::kNone || Q == Quant::kTensor || Q == Quant::kRow, "fwd_apply: no per-group FP8");
-  __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const int64_t row = blockIdx.x / chunks;
   const int64_t chunk = blockIdx.x - row * chunks;
   const float rstd = a.rstd[row];
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
-  float mul = 0.f;  // FP8: q = y * mul
+  float mul = 0.f, amax_seen = 0.f;  // FP8: q = y * mul
   if constexpr (Q == Quant::kTensor) {
+    if (a.amax) amax_seen = load_seen(a.amax + a.tensor_of(row));
     mul = a.tensor_mul(a.tensor_of(row));
   } else if constexpr (Q == Quant::kRow) {
     mul = 1.f / a.qscale[row];
@@ -1366,10 +1370,7 @@ __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* s
     }
   }
   if constexpr (Q == Quant::kTensor) {
-    if (a.amax) {  // uniform over the CTA: one row's chunk, one tensor
-      row_sum<1, AbsMaxOp, true>(m, smem);
-      if (threadIdx.x == 0) atomic_abs_max(a.amax + a.tensor_of(row), m[0]);
-    }
+    if (a.amax) merge_amax(a, row, m[0], amax_seen);
   }
 }
 
