@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import jax_rmsnorm as jrn
 
 # (rows, hidden): register kernels (aligned and not), streaming kernels (aligned
-# and not), more rows than dgamma slots.
-SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64)]
+# and not), more rows than dgamma slots; rows of every offset from a 16-byte
+# boundary (300x4097: the plain forward's fwd_unaligned, one CTA a row; 5x127:
+# several rows a CTA).
+SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097)]
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma

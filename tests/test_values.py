@@ -113,6 +113,24 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
     _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
 
 
+# On a GPU the plain forward of widths that are not a multiple of a 16-byte
+# pack takes fwd_unaligned: each row starts at its own offset from a 16-byte
+# boundary, its first and last elements taken one by one and the rest in
+# packs, several rows a CTA where rows are narrow. Rows of more than 4096
+# packs take the streaming kernel: 32767 and 32769 (16-bit x), 16383 and
+# 16385 (float32) lie on both sides of that bound.
+UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 4100), (50, 12290), (30, 16383),
+             (20, 16385), (12, 32767), (10, 32769)]
+
+
+@pytest.mark.parametrize("shape", UNALIGNED, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_unaligned_widths(kind, dtype, shape, platform):
+    _check_variants(kind, dtype, shape, platform, (kind, "unaligned") + shape)
+
+
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks
 # several rows through a two-stage shared-memory ring. These shapes have more
 # rows than the GPU holds such slots at once (several rows per slot), so every

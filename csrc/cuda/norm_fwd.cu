@@ -316,6 +316,117 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   }
 }
 
+// The plain forward of rows whose width is not a multiple of a 16-byte pack
+// (x and y themselves 16-byte aligned). Each row then starts at its own
+// offset from a 16-byte boundary: its elements before the first boundary
+// (`head`, fewer than a pack) and after the last (`tail`) are taken one by
+// one by the row's first threads, and the others in 16-byte packs, up to
+// kRegItems a thread, held as fwd_regs holds a row. Gamma and beta, whose
+// offset from the packs changes row to row, are loaded an element at a time
+// (L1 hits). With one-element packs throughout, those rows' kernels were
+// bound by instructions at 0.6-1.3 TB/s (RESULTS.md 1f). Same-call A/B on
+// an H100, bf16, us, one-element packs (fwd_regs, or fwd_stream above 4096)
+// -> fwd_unaligned: RMSNorm 32736x4100 473.7 -> 191.5, 32760x4097 472.8 ->
+// 190.4, 65472x2050 604.2 -> 200.7, 10920x12290 413.6 -> 205.7, 134083x1001
+// 468.3 -> 190.1; LayerNorm 548.1 -> 230.6, 546.6 -> 237.4, 877.2 -> 248.4,
+// 446.3 -> 281.8, 673.9 -> 208.4 (XLA: 198-233 and 204-318).
+template <NormKind K, class T, class P>
+__global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
+  constexpr int VEC = 16 / sizeof(T);
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool valid = row < a.shape.rows;
+  const int64_t start = row * H;  // the row's first element
+  const int64_t lead = (VEC - start % VEC) % VEC;
+  const int head = static_cast<int>(lead < H ? lead : H);
+  const int body = static_cast<int>((H - head) / VEC);  // whole packs
+  const int tail = static_cast<int>(H - head) - body * VEC;
+  const int tid = static_cast<int>(threadIdx.x);
+  const T* x = static_cast<const T*>(a.x) + start;
+  // Thread t takes the head's element t and the tail's element t, where they
+  // exist (the launcher gives a row at least VEC threads).
+  const bool has_head = valid && tid < head, has_tail = valid && tid < tail;
+  const int tail_col = head + body * VEC + tid;
+
+  float v[kRegItems][VEC];
+  bool in[kRegItems];
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int p = tid + i * static_cast<int>(blockDim.x);
+    in[i] = valid && p < body;
+    if (in[i]) {
+      load_pack<VEC>(x + head + p * VEC, v[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    }
+  }
+  float eh[1] = {0.f}, et[1] = {0.f};  // the head's element and the tail's
+  if (has_head) load_pack<1>(x + tid, eh);
+  if (has_tail) load_pack<1>(x + tail_col, et);
+
+  float sum[1] = {eh[0] + et[0]};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum[0] += v[i][j];
+  }
+  float mean = 0.f;
+  if constexpr (K == NormKind::kLayer) {
+    row_sum<1>(sum, smem);
+    mean = sum[0] / static_cast<float>(H);
+  }
+  float ss[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    if (in[i]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] -= mean;
+        ss[0] += v[i][j] * v[i][j];
+      }
+    }
+  }
+  if (has_head) eh[0] -= mean;
+  if (has_tail) et[0] -= mean;
+  ss[0] += eh[0] * eh[0] + et[0] * et[0];
+  row_sum<1>(ss, smem);
+  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  if (!valid) return;
+
+  const int64_t poff = a.shape.param_offset(row);
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
+  T* y = static_cast<T*>(a.y) + start;
+  auto finish = [&](float& value, int col) {  // one element: scaled, shifted
+    float one[1] = {value};
+    scale_shift<1>(one, 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
+    value = one[0];
+  };
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    if (in[i]) {
+      const int col = head + (tid + i * static_cast<int>(blockDim.x)) * VEC;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) finish(v[i][j], col + j);
+      store_pack<VEC>(y + col, v[i]);
+    }
+  }
+  if (has_head) {
+    finish(eh[0], tid);
+    store_pack<1>(y + tid, eh);
+  }
+  if (has_tail) {
+    finish(et[0], tail_col);
+    store_pack<1>(y + tail_col, et);
+  }
+  if (tid == 0) {
+    a.rstd[row] = rstd;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+  }
+}
+
 // The plain norm at decode-time row counts (at most two rows per SM): one
 // row per CTA, kDecodeItems packs per thread, gamma/beta (x's dtype, one
 // set) loaded with x before the reduction, 32-bit indexing, and one
@@ -1730,6 +1841,28 @@ inline ffi::Error zero_amax(cudaStream_t stream, const FwdArgs& a) {
   return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, "cudaMemsetAsync(amax)");
 }
 
+// Whether the plain forward takes fwd_unaligned: a width that is not a
+// multiple of a 16-byte pack, x and y 16-byte aligned (as XLA allocates
+// them), rows of at most kMaxRowThreads * kRegItems packs, no residual,
+// FP8 input or given statistics.
+template <class T>
+bool unaligned_fits(const FwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  return !a.x_fp8 && !a.residual && !a.given_stats && a.shape.rows > 0 && a.shape.hidden % kVec != 0 &&
+         aligned16(a.x) && aligned16(a.y) && ceil_div(a.shape.hidden, kVec) <= kMaxRowThreads * kRegItems;
+}
+
+template <NormKind K, class T, class P>
+ffi::Error launch_fwd_unaligned(cudaStream_t stream, const FwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
+  const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+  const int64_t blocks = ceil_div(a.shape.rows, rpb);
+  if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  fwd_unaligned<K, T, P><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+  return check_launch("fwd_unaligned");
+}
+
 template <NormKind K, Quant Q, class T, class P>
 ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
   if constexpr (Q == Quant::kTensor) {
@@ -1759,6 +1892,7 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
       return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, true>(stream, a)
                     : launch_fwd_vec<K, Q, T, P, 1, true>(stream, a);
     }
+    if (!vec_ok && unaligned_fits<T>(a)) return launch_fwd_unaligned<K, T, P>(stream, a);
   }
   return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, false>(stream, a)
                 : launch_fwd_vec<K, Q, T, P, 1, false>(stream, a);
