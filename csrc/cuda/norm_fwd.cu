@@ -144,6 +144,36 @@ __device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row, float 
   if (threadIdx.x % lanes == 0 && row < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row), mm[0], seen);
 }
 
+// The sum of a row's packs held by a thread, after `init` (packs it does not
+// hold are zeros).
+template <int ITEMS, int VEC>
+__device__ __forceinline__ float held_sum(const float (&v)[ITEMS][VEC], float init) {
+  float sum = init;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += v[i][j];
+  }
+  return sum;
+}
+
+// The held packs (in[i]) less the row's mean, and the sum of their squares.
+template <int ITEMS, int VEC>
+__device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool (&in)[ITEMS], float mean) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (in[i]) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] -= mean;
+        ss += v[i][j] * v[i][j];
+      }
+    }
+  }
+  return ss;
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
 __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
                                   Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster_arg) {
@@ -214,12 +244,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       if (in[i]) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + column(i), v[i]);
     }
   }
-  float sum[1] = {0.f};
-#pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum[0] += v[i][j];
-  }
+  float sum[1] = {held_sum(v, 0.f)};
   float mean = 0.f;
   if constexpr (K == NormKind::kLayer) {
     row_sum<1>(sum, smem);
@@ -227,17 +252,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     mean = sum[0] / static_cast<float>(H);
     if (a.given_stats && valid) mean = a.mean[row];
   }
-  float ss[1] = {0.f};
-#pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
-    if (in[i]) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] -= mean;
-        ss[0] += v[i][j] * v[i][j];
-      }
-    }
-  }
+  float ss[1] = {center_held(v, in, mean)};
   row_sum<1>(ss, smem);
   if (cluster > 1) {
     cluster_sum<1>(ss, xchg, 1);
@@ -366,28 +381,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   if (has_head) load_pack<1>(x + tid, eh);
   if (has_tail) load_pack<1>(x + tail_col, et);
 
-  float sum[1] = {eh[0] + et[0]};
-#pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) sum[0] += v[i][j];
-  }
+  float sum[1] = {held_sum(v, eh[0] + et[0])};
   float mean = 0.f;
   if constexpr (K == NormKind::kLayer) {
     row_sum<1>(sum, smem);
     mean = sum[0] / static_cast<float>(H);
   }
-  float ss[1] = {0.f};
-#pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
-    if (in[i]) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] -= mean;
-        ss[0] += v[i][j] * v[i][j];
-      }
-    }
-  }
+  float ss[1] = {center_held(v, in, mean)};
   if (has_head) eh[0] -= mean;
   if (has_tail) et[0] -= mean;
   ss[0] += eh[0] * eh[0] + et[0] * et[0];
