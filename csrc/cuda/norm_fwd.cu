@@ -331,20 +331,43 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   }
 }
 
+// scale_shift of a pack of VEC centred elements whose parameters from `col`
+// are aligned to W elements, not to the pack: in loads of W elements.
+template <int W, int VEC, class P>
+__device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, const P* gamma, const P* beta, int col,
+                                               bool zero_centered) {
+#pragma unroll
+  for (int q = 0; q < VEC; q += W) {
+    Pack<P, W> g, b;  // aligned to their size: one load each
+    if (gamma) g = *reinterpret_cast<const Pack<P, W>*>(gamma + col + q);
+    if (beta) b = *reinterpret_cast<const Pack<P, W>*>(beta + col + q);
+    float part[W];
+#pragma unroll
+    for (int j = 0; j < W; ++j) part[j] = v[q + j];
+    scale_shift_packs<W>(part, 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, zero_centered);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[q + j] = part[j];
+  }
+}
+
 // The plain forward of rows whose width is not a multiple of a 16-byte pack
 // (x and y themselves 16-byte aligned). Each row then starts at its own
 // offset from a 16-byte boundary: its elements before the first boundary
 // (`head`, fewer than a pack) and after the last (`tail`) are taken one by
 // one by the row's first threads, and the others in 16-byte packs, up to
 // kRegItems a thread, held as fwd_regs holds a row. Gamma and beta, whose
-// offset from the packs changes row to row, are loaded an element at a time
-// (L1 hits). With one-element packs throughout, those rows' kernels were
+// offset from the packs changes row to row, are loaded in the widest loads
+// (of 4, 2 or 1 elements; L1 hits) that the row's offset keeps aligned. With one-element packs throughout, those rows' kernels were
 // bound by instructions at 0.6-1.3 TB/s (RESULTS.md 1f). Same-call A/B on
 // an H100, bf16, us, one-element packs (fwd_regs, or fwd_stream above 4096)
 // -> fwd_unaligned: RMSNorm 32736x4100 473.7 -> 191.5, 32760x4097 472.8 ->
 // 190.4, 65472x2050 604.2 -> 200.7, 10920x12290 413.6 -> 205.7, 134083x1001
 // 468.3 -> 190.1; LayerNorm 548.1 -> 230.6, 546.6 -> 237.4, 877.2 -> 248.4,
-// 446.3 -> 281.8, 673.9 -> 208.4 (XLA: 198-233 and 204-318).
+// 446.3 -> 281.8, 673.9 -> 208.4 (XLA: 198-233 and 204-318). The parameters
+// in loads of 4 or 2 elements where the row's offset allows (scale_shift_by)
+// rather than one: LayerNorm 4100 233.0 -> 212.6, 4097 235.2 -> 224.3, 2050
+// 246.0 -> 237.5, float32 parameters at 4100 349.0 -> 213.8; RMSNorm 190.8
+// -> 193.6, 191.5 -> 195.3, 201.3 -> 205.6 (one round).
 template <NormKind K, class T, class P>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   constexpr int VEC = 16 / sizeof(T);
@@ -399,26 +422,32 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
   T* y = static_cast<T*>(a.y) + start;
-  auto finish = [&](float& value, int col) {  // one element: scaled, shifted
-    float one[1] = {value};
-    scale_shift<1>(one, 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
-    value = one[0];
-  };
+  // The packs' parameters in loads of W elements, the widest that the
+  // parameters' offset from the packs (the same for every pack of the row)
+  // keeps aligned: 4, 2 or 1.
+  const auto params_at = reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr) |
+                         reinterpret_cast<uintptr_t>(beta ? beta + head : nullptr);
+  const int width = params_at % (4 * sizeof(P)) == 0 ? 4 : params_at % (2 * sizeof(P)) == 0 ? 2 : 1;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     if (in[i]) {
       const int col = head + (tid + i * static_cast<int>(blockDim.x)) * VEC;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) finish(v[i][j], col + j);
+      if (width == 4) {
+        scale_shift_by<4>(v[i], rstd, gamma, beta, col, a.zero_centered);
+      } else if (width == 2) {
+        scale_shift_by<2>(v[i], rstd, gamma, beta, col, a.zero_centered);
+      } else {
+        scale_shift_by<1>(v[i], rstd, gamma, beta, col, a.zero_centered);
+      }
       store_pack<VEC>(y + col, v[i]);
     }
   }
   if (has_head) {
-    finish(eh[0], tid);
+    scale_shift<1>(eh, 0.f, rstd, gamma, beta, tid, a.zero_centered);  // the mean is already off
     store_pack<1>(y + tid, eh);
   }
   if (has_tail) {
-    finish(et[0], tail_col);
+    scale_shift<1>(et, 0.f, rstd, gamma, beta, tail_col, a.zero_centered);
     store_pack<1>(y + tail_col, et);
   }
   if (tid == 0) {
