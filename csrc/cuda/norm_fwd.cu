@@ -357,7 +357,8 @@ __device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, cons
 // one by the row's first threads, and the others in 16-byte packs, up to
 // kRegItems a thread, held as fwd_regs holds a row. Gamma and beta, whose
 // offset from the packs changes row to row, are loaded in the widest loads
-// (of 4, 2 or 1 elements; L1 hits) that the row's offset keeps aligned. With one-element packs throughout, those rows' kernels were
+// (of 4, 2 or 1 elements; L1 hits) that the row's offset keeps aligned.
+// With one-element packs throughout, those rows' kernels were
 // bound by instructions at 0.6-1.3 TB/s (RESULTS.md 1f). Same-call A/B on
 // an H100, bf16, us, one-element packs (fwd_regs, or fwd_stream above 4096)
 // -> fwd_unaligned: RMSNorm 32736x4100 473.7 -> 191.5, 32760x4097 472.8 ->
@@ -1465,8 +1466,8 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
 // y = (src - mean) * rstd * scale + beta for kApplyItems packs a thread of
 // one row (CTA b: row b / chunks), mean/rstd read from a.mean/a.rstd. Per-tensor
 // FP8 (Q = kTensor): y stored as q = y * scale, and max |y| merged into
-// its tensor's amax by warps (merge_amax); per row (kRow): q = y / qscale[row], the row's
-// scale written by fwd_add_stats.
+// its tensor's amax by warps (merge_amax); per row (kRow): q = y /
+// qscale[row], the row's scale written by fwd_add_stats.
 template <NormKind K, Quant Q, class T, class P, int VEC>
 __global__ void __launch_bounds__(kApplyThreads) fwd_apply(FwdArgs a, const T* src, int chunks) {
   static_assert(Q == Quant::kNone || Q == Quant::kTensor || Q == Quant::kRow, "fwd_apply: no per-group FP8");
