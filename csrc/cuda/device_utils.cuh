@@ -1014,6 +1014,19 @@ inline int row_threads(int64_t packs, int items) {
   return per_thread <= 32 ? pow2_ceil(per_thread) : static_cast<int>(ceil_div(per_thread, 32) * 32);
 }
 
+inline ffi::Error too_many_rows() { return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows"); }
+
+// The launch of rows of `tpr` threads each (threadIdx.x), as many rows a CTA
+// (threadIdx.y) as fit `cta_threads` threads, at least one.
+inline ffi::Error row_grid(int64_t rows, int tpr, int cta_threads, dim3* grid, dim3* block) {
+  const int rpb = tpr >= cta_threads ? 1 : cta_threads / tpr;
+  const int64_t blocks = ceil_div(rows, rpb);
+  if (blocks > INT32_MAX) return too_many_rows();
+  *grid = dim3(static_cast<unsigned>(blocks));
+  *block = dim3(tpr, rpb);
+  return ffi::Error::Success();
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace jrn::cuda

@@ -1544,7 +1544,7 @@ ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nv
   } else {
     // fwd_apply's grid (rows * chunks CTAs) bounds fwd_add_stats' (rows) too.
     const int64_t chunks = ceil_div(nvec, kApplyThreads * kApplyItems);
-    if (a.shape.rows * chunks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    if (a.shape.rows * chunks > INT32_MAX) return too_many_rows();
     const T* src = static_cast<const T*>(a.x);
     if (!a.given_stats) {
       fwd_add_stats<K, Q, T, P, VEC><<<static_cast<unsigned>(a.shape.rows), kAddStatsThreads, 0, stream>>>(a);
@@ -1780,9 +1780,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     // 24-39% at 10922x12288, with or without FP8 (RESULTS.md 6, "Latest").
     const int tpr =
         std::max<int>(lanes, a.residual ? pow2_ceil(ceil_div(nvec, kRegItems)) : row_threads(nvec, kRegItems));
-    const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
-    const int64_t blocks = ceil_div(a.shape.rows, rpb);
-    if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    dim3 grid, block;
+    JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kBlockThreads, &grid, &block));
     if constexpr (Q == Quant::kNone && !XQ && sizeof(P) == sizeof(T)) {
       // Parameters loaded early (see fwd_regs) when the CTAs are few: at most
       // two per SM. Same-run latency on an H100, bf16, us per norm, plain ->
@@ -1830,14 +1829,14 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         kernel<<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
-      if (!a.residual && (a.gamma || a.beta) && tpr * rpb <= kEarlyThreads && sms > 0 && blocks <= 2 * sms) {
-        const int erpb = a.shape.rows <= 2 * sms ? std::max(1, kDecodeThreads / tpr) : rpb;
-        const int64_t eblocks = ceil_div(a.shape.rows, erpb);
-        fwd_regs<K, Q, T, P, VEC, XQ, true><<<static_cast<unsigned>(eblocks), dim3(tpr, erpb), 0, stream>>>(a, 1);
+      if (!a.residual && (a.gamma || a.beta) && block.x * block.y <= kEarlyThreads && sms > 0 &&
+          grid.x <= 2u * sms) {
+        if (a.shape.rows <= 2 * sms) JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kDecodeThreads, &grid, &block));
+        fwd_regs<K, Q, T, P, VEC, XQ, true><<<grid, block, 0, stream>>>(a, 1);
         return check_launch("fwd_regs (early parameters)");
       }
     }
-    fwd_regs<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a, 1);
+    fwd_regs<K, Q, T, P, VEC, XQ><<<grid, block, 0, stream>>>(a, 1);
     return check_launch("fwd_regs");
   }
   // Persistent slots walking rows (fwd_slices): the plain norm's rows too
@@ -1854,11 +1853,11 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     const int cluster = pow2_ceil(ceil_div(nvec, kClusterCtaVecs));
     const int tpr = std::max<int>(lanes, pow2_ceil(ceil_div(nvec, cluster * kRegItems)));
     const int64_t blocks = a.shape.rows * cluster;
-    if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+    if (blocks > INT32_MAX) return too_many_rows();
     return launch_clustered(fwd_regs<K, Q, T, P, VEC, XQ>, dim3(static_cast<unsigned>(blocks)), dim3(tpr), 0,
                             stream, cluster, "fwd_regs (clusters)", a, cluster);
   }
-  if (a.shape.rows > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
+  if (a.shape.rows > INT32_MAX) return too_many_rows();
   fwd_stream<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(a.shape.rows), kStreamThreads, 0, stream>>>(a);
   return check_launch("fwd_stream");
 }
@@ -1886,10 +1885,9 @@ template <NormKind K, class T, class P>
 ffi::Error launch_fwd_unaligned(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
-  const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
-  const int64_t blocks = ceil_div(a.shape.rows, rpb);
-  if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  fwd_unaligned<K, T, P><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+  dim3 grid, block;
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kBlockThreads, &grid, &block));
+  fwd_unaligned<K, T, P><<<grid, block, 0, stream>>>(a);
   return check_launch("fwd_unaligned");
 }
 
@@ -1912,10 +1910,9 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
         a.x_group % kFp8Vec == 0 && packs <= kMaxRowThreads * kRegItems && aligned16(a.x) && aligned16(a.y) &&
         (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta))) {
       const int tpr = pow2_ceil(ceil_div(packs, kRegItems));
-      const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
-      const int64_t blocks = ceil_div(a.shape.rows, rpb);
-      if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-      fwd_fp8_regs<K, T, P><<<static_cast<unsigned>(blocks), dim3(tpr, rpb), 0, stream>>>(a);
+      dim3 grid, block;
+      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kBlockThreads, &grid, &block));
+      fwd_fp8_regs<K, T, P><<<grid, block, 0, stream>>>(a);
       return check_launch("fwd_fp8_regs");
     }
     if (a.x_fp8) {

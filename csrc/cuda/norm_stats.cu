@@ -132,16 +132,6 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   }
 }
 
-// Threads per row: `tpr`, several rows per block when it is under kThreads.
-inline ffi::Error stats_grid(const NormShape& shape, int tpr, dim3* grid, dim3* block) {
-  const int rpb = kThreads / tpr;
-  const int64_t blocks = ceil_div(shape.rows, rpb);
-  if (blocks > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows");
-  *grid = dim3(static_cast<unsigned>(blocks));
-  *block = dim3(tpr, rpb);
-  return ffi::Error::Success();
-}
-
 // Threads per row of x statistics: about kXRowPacks packs a thread, so that
 // a warp or two sums a row of 2048-8192 bf16 and blocks carry several rows
 // (a warp a row at least, where the row has the packs); more where the rows
@@ -172,7 +162,7 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
   const int tpr = add ? static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))))
                       : x_stats_threads(nvec, a.shape.rows);
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(stats_grid(a.shape, tpr, &grid, &block));
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kThreads, &grid, &block));
   if (add) {
     if (vec) {
       x_stats<K, T, kVec, true><<<grid, block, 0, stream>>>(a);
@@ -194,8 +184,8 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
                    (!a.gamma || aligned16(a.gamma));
   dim3 grid, block;
   const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
-  JRN_RETURN_IF_ERROR(stats_grid(a.shape, std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))),
-                                 &grid, &block));
+  const int tpr = static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))));
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kThreads, &grid, &block));
   if (vec) {
     grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
   } else {
@@ -213,7 +203,7 @@ ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
     const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma));
     dim3 grid, block;
     const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
-    JRN_RETURN_IF_ERROR(stats_grid(a.shape, x_stats_threads(nvec, a.shape.rows), &grid, &block));
+    JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(nvec, a.shape.rows), kThreads, &grid, &block));
     if (vec) {
       x_amax<T, P, kVec><<<grid, block, 0, stream>>>(a);
     } else {
