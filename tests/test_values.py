@@ -131,6 +131,24 @@ def test_unaligned_widths(kind, dtype, shape, platform):
     _check_variants(kind, dtype, shape, platform, (kind, "unaligned") + shape)
 
 
+# The backward at those widths takes bwd_unaligned up to 1024 packs a row
+# (8192 elements of 16-bit x, 4096 of float32), with dgamma/dbeta summed in
+# persistent slots that each walk rows of one offset from a 16-byte
+# boundary. Groups of more than 512 rows get that workspace (smaller ones sum
+# dgamma column by column, as UNALIGNED's shapes do). 8191 / 8193 and 4095 /
+# 4097 lie on both sides of the bound.
+UNALIGNED_MANY_ROWS = [(3000, 127), (1500, 1001), (900, 4095), (1100, 4097), (1000, 4100), (600, 8191),
+                       (600, 8193)]
+
+
+@pytest.mark.parametrize("shape", UNALIGNED_MANY_ROWS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_unaligned_widths_many_rows(kind, dtype, shape, platform):
+    _check_variants(kind, dtype, shape, platform, (kind, "unaligned many") + shape)
+
+
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks
 # several rows through a two-stage shared-memory ring. These shapes have more
 # rows than the GPU holds such slots at once (several rows per slot), so every
@@ -367,9 +385,11 @@ def test_dgamma_is_reproducible(shape, platform):
 # with more rows per group than slots: on a GPU the folded workspace rows of
 # every group (grid y) must land in that group's dgamma/dbeta. At 65536 a
 # cluster takes a row; each CTA stages its group's gamma slice in shared
-# memory, which dx reads.
-@pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 16384), (jnp.float32, 8192), (jnp.bfloat16, 65536)],
-                         ids=["bfloat16-16384", "float32-8192", "bfloat16-65536"])
+# memory, which dx reads. At 4097 (bwd_unaligned) each slot walks rows of one
+# offset from a 16-byte boundary, within its group.
+@pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 16384), (jnp.float32, 8192), (jnp.bfloat16, 65536),
+                                           (jnp.bfloat16, 4097)],
+                         ids=["bfloat16-16384", "float32-8192", "bfloat16-65536", "bfloat16-4097"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_dgamma_per_group_wide_rows(kind, dtype, hidden, platform):

@@ -25,6 +25,7 @@
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
 // row from it (row_coefs).
+#include <numeric>
 #include <type_traits>
 
 #include "device_utils.cuh"
@@ -179,6 +180,240 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
       if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
     }
   }
+}
+
+// One element of a row taken on its own by bwd_unaligned (a head or tail
+// element): its column, effective scale and dgamma/dbeta sums over the
+// slot's rows, its x and dy in the next row (loaded a row ahead), and the
+// current row's xhat and g.
+struct LoneColumn {
+  int col;
+  bool has;
+  float scale, dg, db, nx, nd, xh, g;
+};
+
+template <class P>
+__device__ __forceinline__ LoneColumn lone_column(const P* gamma, int col, bool has, bool zero_centered) {
+  LoneColumn e{col, has, 1.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (has) {
+    float s[1];
+    load_scale<1>(gamma, col, zero_centered, s);
+    e.scale = s[0];
+  }
+  return e;
+}
+
+// Loads the element's x and dy of the row from `start` (`in`: it exists).
+template <class T>
+__device__ __forceinline__ void lone_load(LoneColumn& e, bool in, const BwdArgs& a, int64_t start) {
+  if (!in) return;
+  e.nx = to_float(static_cast<const T*>(a.x)[start + e.col]);
+  e.nd = to_float(static_cast<const T*>(a.dy)[start + e.col]);
+}
+
+// The element's part of the row sums and of dgamma/dbeta, from the x and dy
+// loaded last (`in`: the row is valid and the element exists).
+template <NormKind K>
+__device__ __forceinline__ void lone_sums(LoneColumn& e, bool in, float mean, float rstd, float (&acc)[2]) {
+  e.xh = e.g = 0.f;
+  if (!in) return;
+  e.xh = (e.nx - mean) * rstd;
+  e.g = e.nd * e.scale;
+  acc[0] += e.g * e.xh;
+  acc[1] += e.g;
+  e.dg += e.nd * e.xh;
+  if constexpr (K == NormKind::kLayer) e.db += e.nd;
+}
+
+// The element's dx, in the row from `start` (a valid row).
+template <class T>
+__device__ __forceinline__ void lone_dx(const BwdArgs& a, const LoneColumn& e, int64_t start, float rstd, float c1,
+                                        float c2) {
+  if (!e.has) return;
+  float out[1] = {rstd * (e.g - c2 - e.xh * c1)};
+  if (a.dh) add_dh<1, T>(a, start + e.col, out);
+  store_pack<1>(static_cast<T*>(a.dx) + start + e.col, out);
+}
+
+__device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float* wb) {
+  if (wg) wg[e.col] = e.dg;
+  if (wb) wb[e.col] = e.db;
+}
+
+// The plain backward of rows whose width is not a multiple of a 16-byte pack
+// (x, dy, dx and dh 16-byte aligned), as fwd_unaligned takes their forward:
+// each row's elements before its first 16-byte boundary (`head`) and after
+// its last (`tail`) one by one in the row's first threads, the rest in
+// 16-byte packs, kRegItems a thread. The dgamma/dbeta sums stay in registers
+// as in bwd_regs: a slot walks rows `l.used` apart, and the launcher makes
+// l.used a multiple of the pack, so that every row of a slot starts at the
+// same offset from a 16-byte boundary and each thread keeps the same
+// columns. The slot's sums are stored one float at a time, once.
+//
+// Each row's x, dy and statistics are loaded while the row before is reduced
+// and written. The scales sit in shared memory and the registers are capped
+// at 112 (LayerNorm of 16-bit x spills 12-20 bytes), which lets two CTAs of
+// 288 threads (hidden 4100) share an SM; measured on their own, before the
+// statistics were loaded ahead, these two were level (4100: 553.9 -> 554.0
+// us). With one-element packs (bwd_regs to 1024 elements, bwd_stream above)
+// these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an H100, bf16, 2^27
+// elements, us, one-element packs -> rows loaded ahead -> statistics too:
+// RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540), 65472x2050 761.5 ->
+// 382.0 -> 376.2 (XLA 513), 134083x1001 699.0 -> 365.1 -> 351.2, 16386x8191
+// 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 -> 652.2 -> 601.4
+// (XLA 992), 910.3 -> 440.6 -> 440.0, 1010.8 -> 413.7 -> 396.6, 2153.3 ->
+// 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2. RESULTS.md 1g.
+template <NormKind K, class T, class P>
+__global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
+  constexpr int VEC = 16 / sizeof(T);
+  using Vec = Pack<T, VEC>;
+  __shared__ float smem[kRowSumSmem];
+  const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
+  const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int64_t lead = (VEC - ((group_row0 + slot) * H) % VEC) % VEC;  // the same on each of the slot's rows
+  const int head = static_cast<int>(lead < H ? lead : H);
+  const int body = static_cast<int>((H - head) / VEC);
+  const int tail = static_cast<int>(H - head) - body * VEC;
+  const int tid = static_cast<int>(threadIdx.x), tpr = static_cast<int>(blockDim.x);
+  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
+
+  // The effective scale of the thread's columns, in shared memory (the
+  // registers have no room for it): float4 q of pack i at
+  // sscale[((threadIdx.y * kRegItems + i) * VEC / 4 + q) * tpr + tid], read
+  // by this thread alone.
+  extern __shared__ float4 sscale[];
+  auto scale_at = [&](int i, int q) -> float4& {
+    return sscale[((static_cast<int>(threadIdx.y) * kRegItems + i) * (VEC / 4) + q) * tpr + tid];
+  };
+  float dg[kRegItems][VEC], db[kRegItems][VEC];
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int p = tid + i * tpr;
+    float sc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      sc[j] = 1.f;
+      dg[i][j] = db[i][j] = 0.f;
+      // Element by element: gamma's packs are not aligned to these columns.
+      if (p < body) {
+        float one[1];
+        load_scale<1>(gamma, head + p * VEC + j, a.zero_centered, one);
+        sc[j] = one[0];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) scale_at(i, q) = make_float4(sc[4 * q], sc[4 * q + 1], sc[4 * q + 2], sc[4 * q + 3]);
+  }
+  auto scale_of = [&](int i, float(&sc)[VEC]) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 v = scale_at(i, q);
+      sc[4 * q] = v.x, sc[4 * q + 1] = v.y, sc[4 * q + 2] = v.z, sc[4 * q + 3] = v.w;
+    }
+  };
+  LoneColumn eh = lone_column(gamma, tid, tid < head, a.zero_centered);
+  LoneColumn et = lone_column(gamma, head + body * VEC + tid, tid < tail, a.zero_centered);
+
+  // The current row's packs and the next row's, as stored, and the next
+  // row's statistics.
+  Vec cx[kRegItems], cd[kRegItems], nx[kRegItems], nd[kRegItems];
+  float next_rstd = 0.f, next_mean = 0.f;
+  auto load_row = [&](int64_t r) {
+    const bool in = r < rpg;
+    const int64_t start = (group_row0 + r) * H;
+    if (in) {
+      next_rstd = a.rstd[group_row0 + r];
+      if constexpr (K == NormKind::kLayer) next_mean = a.mean[group_row0 + r];
+    }
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      const int p = tid + i * tpr;
+      if (in && p < body) {
+        load_raw(static_cast<const T*>(a.x) + start + head + p * VEC, nx[i]);
+        load_raw(static_cast<const T*>(a.dy) + start + head + p * VEC, nd[i]);
+      }
+    }
+    lone_load<T>(eh, in && eh.has, a, start);
+    lone_load<T>(et, in && et.has, a, start);
+  };
+  load_row(slot);
+
+  // Every thread of the block runs the same number of iterations (row_sum
+  // holds barriers); rows past the group's end are masked.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < rpg; base += l.used) {
+    const int64_t r = base + threadIdx.y;
+    const bool valid = r < rpg;
+    const int64_t row = group_row0 + r;
+    const float rstd = valid ? next_rstd : 0.f;
+    const float mean = valid ? next_mean : 0.f;
+
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      cx[i] = nx[i];
+      cd[i] = nd[i];
+      if (valid && tid + i * tpr < body) {
+        float xv[VEC], d[VEC], sc[VEC];
+        unpack(cx[i], xv);
+        unpack(cd[i], d);
+        scale_of(i, sc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float gj = d[j] * sc[j];
+          acc[0] += gj * (xv[j] - mean) * rstd;
+          acc[1] += gj;
+        }
+      }
+    }
+    lone_sums<K>(eh, valid && eh.has, mean, rstd, acc);
+    lone_sums<K>(et, valid && et.has, mean, rstd, acc);
+    load_row(r + l.used);  // in flight during the reduction and the stores
+    grad_row_sums<K>(acc, smem);
+    float c1, c2;
+    row_coefs<K>(a, row, valid, acc, &c1, &c2);
+    if (!valid) continue;
+    T* dx = static_cast<T*>(a.dx) + row * H;
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      const int p = tid + i * tpr;
+      if (p < body) {
+        const int col = head + p * VEC;
+        float xv[VEC], d[VEC], sc[VEC], out[VEC];
+        unpack(cx[i], xv);
+        unpack(cd[i], d);
+        scale_of(i, sc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xh = (xv[j] - mean) * rstd;
+          out[j] = rstd * (d[j] * sc[j] - c2 - xh * c1);
+          dg[i][j] += d[j] * xh;
+          if constexpr (K == NormKind::kLayer) db[i][j] += d[j];
+        }
+        if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
+        store_pack<VEC>(dx + col, out);
+      }
+    }
+    lone_dx<T>(a, eh, row * H, rstd, c1, c2);
+    lone_dx<T>(a, et, row * H, rstd, c1, c2);
+  }
+
+  if (a.workspace == nullptr || slot >= l.used) return;
+  float* wg = a.dgamma ? slot_row(a, l, slot, 0) : nullptr;
+  float* wb = K == NormKind::kLayer && a.dbeta ? slot_row(a, l, slot, a.dgamma ? 1 : 0) : nullptr;
+#pragma unroll
+  for (int i = 0; i < kRegItems; ++i) {
+    const int p = tid + i * tpr;
+    if (p < body) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (wg) wg[head + p * VEC + j] = dg[i][j];
+        if (wb) wb[head + p * VEC + j] = db[i][j];
+      }
+    }
+  }
+  if (eh.has) lone_store(eh, wg, wb);
+  if (et.has) lone_store(et, wg, wb);
 }
 
 // The column sums of the `fold` CTAs of a thread block cluster (each a slot
@@ -748,6 +983,23 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
   }
 }
 
+// dgamma/dbeta from what the dx kernel left: the slots' partial rows
+// (`l`), or x and dy again where there is no workspace (bwd_columns).
+template <NormKind K, class T, class P, int VEC>
+ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
+  if (a.param_outputs() == 0) return ffi::Error::Success();
+  if (!a.workspace) {
+    const int64_t tiles = ceil_div(a.shape.hidden / VEC, kColLanes);
+    if (tiles > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: hidden size too large");
+    bwd_columns<K, T, P, VEC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
+                                dim3(kColLanes, kColSplit), 0, stream>>>(a);
+    return check_launch("bwd_columns");
+  }
+  const bool aligned = a.shape.hidden % 4 == 0 && aligned16(a.workspace) && (!a.dgamma || aligned16(a.dgamma)) &&
+                       (!a.dbeta || aligned16(a.dbeta));
+  return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
+}
+
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
@@ -774,17 +1026,46 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
                                kStreamThreads, 0, stream>>>(a, l);
     JRN_RETURN_IF_ERROR(check_launch("bwd_stream"));
   }
-  if (a.param_outputs() == 0) return ffi::Error::Success();
-  if (!a.workspace) {
-    const int64_t tiles = ceil_div(nvec, kColLanes);
-    if (tiles > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: hidden size too large");
-    bwd_columns<K, T, P, VEC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
-                                dim3(kColLanes, kColSplit), 0, stream>>>(a);
-    return check_launch("bwd_columns");
+  return param_sums<K, T, P, VEC>(stream, a, l);
+}
+
+// Whether the backward takes bwd_unaligned: a width that is not a multiple
+// of a 16-byte pack, x, dy, dx (and dh) 16-byte aligned, rows of at most
+// kRegThreads * kRegItems packs.
+template <class T>
+bool bwd_unaligned_fits(const BwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  return a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
+         (!a.dh || aligned16(a.dh)) && ceil_div(a.shape.hidden, kVec) <= kRegThreads * kRegItems;
+}
+
+template <NormKind K, class T, class P>
+ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
+  const int64_t rpg = a.shape.rows_per_group();
+  const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
+  const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+  const dim3 block(tpr, rpb);
+  const size_t smem = static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float);  // the scales
+  int resident = 0;
+  JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_unaligned<K, T, P>, block, smem, 1, &resident));
+  // Persistent slots, as many as are resident at once (and the workspace
+  // holds), a multiple of kVec (see bwd_unaligned): CTAs a multiple of `step`.
+  const int64_t step = kVec / std::gcd(rpb, kVec);
+  int64_t ctas = std::min<int64_t>(resident, ceil_div(rpg, rpb));
+  if (a.workspace) {
+    ctas = std::min<int64_t>(ctas, a.slots / rpb) / step * step;
+    // Fewer than kVec slots (not with cuda_slots' counts at these widths).
+    if (ctas == 0) return launch_bwd_vec<K, T, P, 1>(stream, a);
+  } else {
+    ctas = ceil_div(ctas, step) * step;
   }
-  const bool aligned = a.shape.hidden % 4 == 0 && aligned16(a.workspace) && (!a.dgamma || aligned16(a.dgamma)) &&
-                       (!a.dbeta || aligned16(a.dbeta));
-  return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
+  SlotLayout l{ctas * rpb, a.workspace ? a.slots : ctas * rpb};
+  bwd_unaligned<K, T, P><<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(a.shape.groups)), block, smem,
+                           stream>>>(a, l);
+  JRN_RETURN_IF_ERROR(check_launch("bwd_unaligned"));
+  return param_sums<K, T, P, 1>(stream, a, l);
 }
 
 }  // namespace
@@ -794,7 +1075,9 @@ ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
                       aligned16(a.dx) && (!a.gamma || aligned16(a.gamma)) && (!a.dh || aligned16(a.dh));
-  return vec_ok ? launch_bwd_vec<K, T, P, kVec>(stream, a) : launch_bwd_vec<K, T, P, 1>(stream, a);
+  if (vec_ok) return launch_bwd_vec<K, T, P, kVec>(stream, a);
+  if (bwd_unaligned_fits<T>(a)) return launch_bwd_unaligned<K, T, P>(stream, a);
+  return launch_bwd_vec<K, T, P, 1>(stream, a);
 }
 
 #define JRN_INSTANTIATE_BWD(K, T, P) \
