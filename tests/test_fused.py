@@ -68,6 +68,23 @@ def _add_norm(kind, platform, x, r, gamma, beta, h_dtype, zc=False):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_add_norm_forward(kind, dtype, shape, platform):
+    _check_add_forward(kind, dtype, shape, platform)
+
+
+# On a GPU, widths that are not a multiple of a 16-byte pack take
+# fwd_unaligned (each row from its own offset to a 16-byte boundary) up to
+# 4096 packs a row, several rows a CTA at 127; 32769 (16-bit x) lies past it.
+@pytest.mark.parametrize("shape", [(600, 127), (300, 1001), (100, 4097), (64, 4100), (20, 12290), (10, 32769)],
+                         ids=sid)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_add_norm_forward_unaligned(kind, dtype, shape, platform):
+    _check_add_forward(kind, dtype, shape, platform)
+
+
+def _check_add_forward(kind, dtype, shape, platform):
+    """h exactly and y against float64, for each residual / h dtype (a float32 h zero-centred)."""
     key = case_key(("add", kind, shape))
     x = random(key, shape, dtype, scale=2.0, offset=0.5)
     hidden = shape[-1]

@@ -350,8 +350,9 @@ __device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, cons
   }
 }
 
-// The plain forward of rows whose width is not a multiple of a 16-byte pack
-// (x and y themselves 16-byte aligned). Each row then starts at its own
+// The forward without FP8 (with or without a residual) of rows whose width
+// is not a multiple of a 16-byte pack (x and y themselves 16-byte aligned,
+// and the residual and h). Each row then starts at its own
 // offset from a 16-byte boundary: its elements before the first boundary
 // (`head`, fewer than a pack) and after the last (`tail`) are taken one by
 // one by the row's first threads, and the others in 16-byte packs, up to
@@ -368,7 +369,12 @@ __device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, cons
 // in loads of 4 or 2 elements where the row's offset allows (scale_shift_by)
 // rather than one: LayerNorm 4100 233.0 -> 212.6, 4097 235.2 -> 224.3, 2050
 // 246.0 -> 237.5, float32 parameters at 4100 349.0 -> 213.8; RMSNorm 190.8
-// -> 193.6, 191.5 -> 195.3, 201.3 -> 205.6 (one round).
+// -> 193.6, 191.5 -> 195.3, 201.3 -> 205.6 (one round). The residual add
+// here rather than in one-element packs (fwd_regs, or the two passes above
+// 4096 elements), us (jnp composition): add_rms 32736x4100 794.9 -> 410.4
+// (561.7), 65472x2050 1975.1 -> 421.3 (602.4), 10920x12290 936.7 -> 448.7
+// (608.4); add_ln 914.8 -> 431.4 (571.5), 2608.5 -> 442.4 (617.4), 974.9 ->
+// 481.6 (694.4). RESULTS.md 1g.
 template <NormKind K, class T, class P>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   constexpr int VEC = 16 / sizeof(T);
@@ -404,6 +410,22 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   float eh[1] = {0.f}, et[1] = {0.f};  // the head's element and the tail's
   if (has_head) load_pack<1>(x + tid, eh);
   if (has_tail) load_pack<1>(x + tail_col, et);
+  if (a.residual) {  // h = x + residual, stored, then normalized as stored
+    // A float32 residual or h lies on 32-byte boundaries where a 16-bit
+    // row's packs lie on 16-byte ones: the same packs.
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) add_residual<VEC, T>(v[i], a.residual, a.residual_f32, start + head + (tid + i * blockDim.x) * VEC);
+    }
+    if (has_head) add_residual<1, T>(eh, a.residual, a.residual_f32, start + tid);
+    if (has_tail) add_residual<1, T>(et, a.residual, a.residual_f32, start + tail_col);
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) store_h_as<VEC, T>(a.h, a.h_f32, start + head + (tid + i * blockDim.x) * VEC, v[i]);
+    }
+    if (has_head) store_h_as<1, T>(a.h, a.h_f32, start + tid, eh);
+    if (has_tail) store_h_as<1, T>(a.h, a.h_f32, start + tail_col, et);
+  }
 
   float sum[1] = {held_sum(v, eh[0] + et[0])};
   float mean = 0.f;
@@ -1870,15 +1892,16 @@ inline ffi::Error zero_amax(cudaStream_t stream, const FwdArgs& a) {
   return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, "cudaMemsetAsync(amax)");
 }
 
-// Whether the plain forward takes fwd_unaligned: a width that is not a
-// multiple of a 16-byte pack, x and y 16-byte aligned (as XLA allocates
-// them), rows of at most kMaxRowThreads * kRegItems packs, no residual,
-// FP8 input or given statistics.
+// Whether the forward without FP8 takes fwd_unaligned: a width that is not a
+// multiple of a 16-byte pack, x and y (and the residual and h) 16-byte
+// aligned (as XLA allocates them), rows of at most kMaxRowThreads *
+// kRegItems packs, no FP8 input or given statistics.
 template <class T>
 bool unaligned_fits(const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  return !a.x_fp8 && !a.residual && !a.given_stats && a.shape.rows > 0 && a.shape.hidden % kVec != 0 &&
-         aligned16(a.x) && aligned16(a.y) && ceil_div(a.shape.hidden, kVec) <= kMaxRowThreads * kRegItems;
+  return !a.x_fp8 && !a.given_stats && a.shape.rows > 0 && a.shape.hidden % kVec != 0 && aligned16(a.x) &&
+         aligned16(a.y) && (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
+         ceil_div(a.shape.hidden, kVec) <= kMaxRowThreads * kRegItems;
 }
 
 template <NormKind K, class T, class P>
