@@ -123,14 +123,6 @@ UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 41
              (20, 16385), (12, 32767), (10, 32769)]
 
 
-@pytest.mark.parametrize("shape", UNALIGNED, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("platform", ["gpu"])
-def test_unaligned_widths(kind, dtype, shape, platform):
-    _check_variants(kind, dtype, shape, platform, (kind, "unaligned") + shape)
-
-
 # The backward at those widths takes bwd_unaligned up to 1024 packs a row
 # (8192 elements of 16-bit x, 4096 of float32), with dgamma/dbeta summed in
 # persistent slots that each walk rows of one offset from a 16-byte
@@ -141,12 +133,12 @@ UNALIGNED_MANY_ROWS = [(3000, 127), (1500, 1001), (900, 4095), (1100, 4097), (10
                        (600, 8193)]
 
 
-@pytest.mark.parametrize("shape", UNALIGNED_MANY_ROWS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", UNALIGNED + UNALIGNED_MANY_ROWS, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
-def test_unaligned_widths_many_rows(kind, dtype, shape, platform):
-    _check_variants(kind, dtype, shape, platform, (kind, "unaligned many") + shape)
+def test_unaligned_widths(kind, dtype, shape, platform):
+    _check_variants(kind, dtype, shape, platform, (kind, "unaligned") + shape)
 
 
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks

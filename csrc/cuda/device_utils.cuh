@@ -531,9 +531,21 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
   effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) { load_pack<N>(gamma + col, g); }, s);
 }
 
-// The backward's row sums over the VEC columns from `col` of x and dy (the
-// row's): acc[0] += sum(g * xhat) and, with two sums, acc[1] += sum(g), where
-// g = dy * scale and xhat = (x - mean) * rstd.
+// The backward's row sums over a pack of VEC columns, x, dy and the scales
+// as floats: acc[0] += sum(g * xhat) and, with two sums, acc[1] += sum(g),
+// where g = dy * scale and xhat = (x - mean) * rstd.
+template <int VEC, int SUMS>
+__device__ __forceinline__ void add_grad_sums_of(float (&acc)[SUMS], const float (&xv)[VEC], const float (&d)[VEC],
+                                                 const float (&s)[VEC], float mean, float rstd) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float g = d[j] * s[j];
+    acc[0] += g * (xv[j] - mean) * rstd;
+    if constexpr (SUMS == 2) acc[1] += g;
+  }
+}
+
+// The same over the VEC columns from `col` of x and dy (the row's).
 template <int VEC, int SUMS, class T, class P>
 __device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, const T* dy, const P* gamma,
                                               int64_t col, bool zero_centered, float mean, float rstd) {
@@ -541,12 +553,7 @@ __device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, co
   load_pack<VEC>(x + col, xv);
   load_pack<VEC>(dy + col, d);
   load_scale<VEC>(gamma, col, zero_centered, s);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const float g = d[j] * s[j];
-    acc[0] += g * (xv[j] - mean) * rstd;
-    if constexpr (SUMS == 2) acc[1] += g;
-  }
+  add_grad_sums_of<VEC>(acc, xv, d, s, mean, rstd);
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

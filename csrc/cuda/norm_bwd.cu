@@ -89,6 +89,21 @@ __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64
   return a.workspace + ((blockIdx.y * l.stride + slot) * K + out) * H;
 }
 
+// dx of a pack of VEC columns (x, dy and the scales as floats) into `out`,
+// and the pack's dy * xhat and dy added to its dgamma and dbeta sums.
+template <NormKind K, int VEC>
+__device__ __forceinline__ void grad_dx(float (&out)[VEC], float (&dg)[VEC], float (&db)[VEC], const float (&xv)[VEC],
+                                        const float (&d)[VEC], const float (&s)[VEC], float mean, float rstd,
+                                        float c1, float c2) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float xh = (xv[j] - mean) * rstd;
+    out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+    dg[j] += d[j] * xh;
+    if constexpr (K == NormKind::kLayer) db[j] += d[j];
+  }
+}
+
 // out += dh[idx .. idx + VEC): the residual's gradient, added before dx is stored.
 template <int VEC, class T>
 __device__ __forceinline__ void add_dh(const BwdArgs& a, int64_t idx, float (&out)[VEC]) {
@@ -358,12 +373,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
         unpack(cx[i], xv);
         unpack(cd[i], d);
         scale_of(i, sc);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float gj = d[j] * sc[j];
-          acc[0] += gj * (xv[j] - mean) * rstd;
-          acc[1] += gj;
-        }
+        add_grad_sums_of<VEC>(acc, xv, d, sc, mean, rstd);
       }
     }
     lone_sums<K>(eh, valid && eh.has, mean, rstd, acc);
@@ -383,13 +393,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
         unpack(cx[i], xv);
         unpack(cd[i], d);
         scale_of(i, sc);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float xh = (xv[j] - mean) * rstd;
-          out[j] = rstd * (d[j] * sc[j] - c2 - xh * c1);
-          dg[i][j] += d[j] * xh;
-          if constexpr (K == NormKind::kLayer) db[i][j] += d[j];
-        }
+        grad_dx<K>(out, dg[i], db[i], xv, d, sc, mean, rstd, c1, c2);
         if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
         store_pack<VEC>(dx + col, out);
       }
@@ -587,12 +591,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           unpack(*stage(st, 0, i), xf);
           unpack(*stage(st, 1, i), df);
           scale_of(i, s);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float g = df[j] * s[j];
-            acc[0] += g * (xf[j] - mean) * rstd;
-            acc[1] += g;
-          }
+          add_grad_sums_of<VEC>(acc, xf, df, s, mean, rstd);
         }
       }
       grad_row_sums<K, true>(acc, smem, &exchange, st);
@@ -610,13 +609,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           unpack(*stage(st, 0, i), xf);
           unpack(*stage(st, 1, i), df);
           scale_of(i, s);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float xh = (xf[j] - mean) * rstd;
-            out[j] = rstd * (df[j] * s[j] - c2 - xh * c1);
-            dg[i][j] += df[j] * xh;
-            if constexpr (K == NormKind::kLayer) db[i][j] += df[j];
-          }
+          grad_dx<K>(out, dg[i], db[i], xf, df, s, mean, rstd, c1, c2);
           if (a.dh) {
             float dhf[VEC];
             unpack(dhr[i], dhf);
