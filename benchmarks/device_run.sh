@@ -40,9 +40,10 @@ for step in "$@"; do
         grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|inst_executed|warps_launched|grid_size|block_size" \
           "$OUT/ncu_decode_${r}x$hd.txt" | head -80
       done ;;
-    bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f)
-      { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 12290
+    bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f, 1g)
+      { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 12290
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd
+        python3 benchmarks/bench_fused.py --hidden 1001 2050 4097 4100 12290 --ops add_rms add_ln
       } 2>&1 | tee "$OUT/bench_unaligned.log" | grep -v '^|' ;;
     bench-fp8in)  # FP8 input, per group of 128 and per tensor (issue 5)
       python3 benchmarks/bench_fused.py --ops fp8in_rms fp8in_ln fp8in_rms_tensor --hidden 1024 4096 8192 16384 65536 \
