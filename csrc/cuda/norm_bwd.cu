@@ -318,7 +318,8 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
       }
     }
 #pragma unroll
-    for (int q = 0; q < VEC / 4; ++q) scale_at(i, q) = make_float4(sc[4 * q], sc[4 * q + 1], sc[4 * q + 2], sc[4 * q + 3]);
+    for (int q = 0; q < VEC / 4; ++q)
+      scale_at(i, q) = make_float4(sc[4 * q], sc[4 * q + 1], sc[4 * q + 2], sc[4 * q + 3]);
   }
   auto scale_of = [&](int i, float(&sc)[VEC]) {
 #pragma unroll
