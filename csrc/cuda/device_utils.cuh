@@ -1023,10 +1023,13 @@ inline int row_threads(int64_t packs, int items) {
 
 inline ffi::Error too_many_rows() { return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows"); }
 
-// The launch of rows of `tpr` threads each (threadIdx.x), as many rows a CTA
-// (threadIdx.y) as fit `cta_threads` threads, at least one.
+// Rows of `tpr` threads a CTA: as many as fit `cta_threads` threads, at least one.
+inline int rows_per_cta(int tpr, int cta_threads) { return tpr >= cta_threads ? 1 : cta_threads / tpr; }
+
+// The launch of rows of `tpr` threads each (threadIdx.x), rows_per_cta of
+// them a CTA (threadIdx.y).
 inline ffi::Error row_grid(int64_t rows, int tpr, int cta_threads, dim3* grid, dim3* block) {
-  const int rpb = tpr >= cta_threads ? 1 : cta_threads / tpr;
+  const int rpb = rows_per_cta(tpr, cta_threads);
   const int64_t blocks = ceil_div(rows, rpb);
   if (blocks > INT32_MAX) return too_many_rows();
   *grid = dim3(static_cast<unsigned>(blocks));

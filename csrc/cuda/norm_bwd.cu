@@ -1007,7 +1007,7 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
                       nvec <= kSliceVecs * kMaxCluster;
   if (!slices && nvec <= static_cast<int64_t>(kRegThreads) * kRegItems) {
     const int tpr = pow2_ceil(ceil_div(nvec, kRegItems));
-    const int64_t rpb = std::min<int64_t>(tpr >= kBlockThreads ? 1 : kBlockThreads / tpr, slots);
+    const int64_t rpb = std::min<int64_t>(rows_per_cta(tpr, kBlockThreads), slots);
     const int64_t blocks = slots / rpb;
     l.used = blocks * rpb;
     bwd_regs<K, T, P, VEC><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.shape.groups)),
@@ -1039,7 +1039,7 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
   const int64_t rpg = a.shape.rows_per_group();
   const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
-  const int rpb = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+  const int rpb = rows_per_cta(tpr, kBlockThreads);
   const dim3 block(tpr, rpb);
   const size_t smem = static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float);  // the scales
   int resident = 0;
