@@ -124,13 +124,15 @@ UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 41
 
 
 # The backward at those widths takes bwd_unaligned up to 1024 packs a row
-# (8192 elements of 16-bit x, 4096 of float32), with dgamma/dbeta summed in
-# persistent slots that each walk rows of one offset from a 16-byte
+# in one CTA (8191 elements of 16-bit x, 4095 of float32) and up to 4096 in
+# a cluster of 2 or 4 on sm_90 (32767 and 16383), with dgamma/dbeta summed
+# in persistent slots that each walk rows of one offset from a 16-byte
 # boundary. Groups of more than 512 rows get that workspace (smaller ones sum
 # dgamma column by column, as UNALIGNED's shapes do). 8191 / 8193 and 4095 /
-# 4097 lie on both sides of the bound.
+# 4097 lie on both sides of the one-CTA bound, 16383 / 16385 of float32's
+# cluster bound; 32767 is 16-bit x's last width in a cluster.
 UNALIGNED_MANY_ROWS = [(3000, 127), (1500, 1001), (900, 4095), (1100, 4097), (1000, 4100), (600, 8191),
-                       (600, 8193)]
+                       (600, 8193), (520, 12290), (520, 16383), (520, 16385), (520, 32767)]
 
 
 @pytest.mark.parametrize("shape", UNALIGNED + UNALIGNED_MANY_ROWS, ids=lambda s: "x".join(map(str, s)))

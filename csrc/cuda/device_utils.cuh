@@ -531,6 +531,21 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
   effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) { load_pack<N>(gamma + col, g); }, s);
 }
 
+// A row of `hidden` elements from element `start` of a 16-byte aligned
+// buffer, cut at its 16-byte boundaries (packs of VEC elements): `head`
+// elements before the first, `body` whole packs, `tail` elements after the
+// last (fwd_unaligned, bwd_unaligned).
+struct RowCut {
+  int head, body, tail;
+};
+template <int VEC>
+__device__ __forceinline__ RowCut cut_row(int64_t start, int64_t hidden) {
+  const int64_t lead = (VEC - start % VEC) % VEC;
+  const int head = static_cast<int>(lead < hidden ? lead : hidden);
+  const int body = static_cast<int>((hidden - head) / VEC);
+  return {head, body, static_cast<int>(hidden - head) - body * VEC};
+}
+
 // The backward's row sums over a pack of VEC columns, x, dy and the scales
 // as floats: acc[0] += sum(g * xhat) and, with two sums, acc[1] += sum(g),
 // where g = dy * scale and xhat = (x - mean) * rstd.

@@ -278,20 +278,37 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 -> 652.2 -> 601.4
 // (XLA 992), 910.3 -> 440.6 -> 440.0, 1010.8 -> 413.7 -> 396.6, 2153.3 ->
 // 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2. RESULTS.md 1g.
-template <NormKind K, class T, class P>
-__global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
+//
+// CLUSTERED: rows of more than kRegThreads * kRegItems packs (8192-32767
+// elements of 16-bit x). A slot is then a cluster of `cluster_size` (2-4)
+// one-row CTAs, each with its own range of the row's packs; the row sums go
+// through ClusterPush, and rank 0 takes the head and tail. Against
+// bwd_stream's one-element packs (same-call A/B, H100, bf16, 2^27 elements,
+// us): RMSNorm 10920x12290 1467.0 -> 557.4 (XLA 497), 8192x16383 1439.3 ->
+// 437.7 (XLA 553); LayerNorm 2244.0 -> 655.2, 2196.1 -> 507.9 (XLA 1192,
+// 1188). It is an instance of its own: with the cluster size a runtime
+// argument, the plain widths lost up to 15% (RMSNorm 1001: 346 -> 400 us).
+// RESULTS.md 1h.
+template <NormKind K, class T, class P, bool CLUSTERED>
+__global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
   constexpr int VEC = 16 / sizeof(T);
+  const int cluster = CLUSTERED ? cluster_size : 1;
   using Vec = Pack<T, VEC>;
   __shared__ float smem[kRowSumSmem];
+  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K>];
+  __shared__ alignas(8) uint64_t pushed[2];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
-  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const int64_t lead = (VEC - ((group_row0 + slot) * H) % VEC) % VEC;  // the same on each of the slot's rows
-  const int head = static_cast<int>(lead < H ? lead : H);
-  const int body = static_cast<int>((H - head) / VEC);
-  const int tail = static_cast<int>(H - head) - body * VEC;
+  // A slot is a row of threads of a CTA, or a cluster of one-row CTAs, each
+  // CTA (`rank`) holding its own range of the row's packs.
+  const int rank = static_cast<int>(blockIdx.x % cluster);
+  const int64_t slot0 = static_cast<int64_t>(blockIdx.x / cluster) * blockDim.y;  // the CTA's first slot
+  const int64_t slot = slot0 + threadIdx.y;
+  const auto [head, body, tail] = cut_row<VEC>((group_row0 + slot) * H, H);  // the same on each of the slot's rows
   const int tid = static_cast<int>(threadIdx.x), tpr = static_cast<int>(blockDim.x);
+  const int first = rank * tpr * kRegItems;  // the CTA's first pack
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
+  ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
 
   // The effective scale of the thread's columns, in shared memory (the
   // registers have no room for it): float4 q of pack i at
@@ -304,7 +321,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
   float dg[kRegItems][VEC], db[kRegItems][VEC];
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int p = tid + i * tpr;
+    const int p = first + tid + i * tpr;
     float sc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -328,8 +345,9 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
       sc[4 * q] = v.x, sc[4 * q + 1] = v.y, sc[4 * q + 2] = v.z, sc[4 * q + 3] = v.w;
     }
   };
-  LoneColumn eh = lone_column(gamma, tid, tid < head, a.zero_centered);
-  LoneColumn et = lone_column(gamma, head + body * VEC + tid, tid < tail, a.zero_centered);
+  // The head and tail elements: the first threads of rank 0.
+  LoneColumn eh = lone_column(gamma, tid, rank == 0 && tid < head, a.zero_centered);
+  LoneColumn et = lone_column(gamma, head + body * VEC + tid, rank == 0 && tid < tail, a.zero_centered);
 
   // The current row's packs and the next row's, as stored, and the next
   // row's statistics.
@@ -344,7 +362,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
     }
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int p = tid + i * tpr;
+      const int p = first + tid + i * tpr;
       if (in && p < body) {
         load_raw(static_cast<const T*>(a.x) + start + head + p * VEC, nx[i]);
         load_raw(static_cast<const T*>(a.dy) + start + head + p * VEC, nd[i]);
@@ -357,7 +375,8 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
 
   // Every thread of the block runs the same number of iterations (row_sum
   // holds barriers); rows past the group's end are masked.
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.y; base < rpg; base += l.used) {
+  int buf = 0;  // the exchange's buffer for this row
+  for (int64_t base = slot0; base < rpg; base += l.used, buf ^= 1) {
     const int64_t r = base + threadIdx.y;
     const bool valid = r < rpg;
     const int64_t row = group_row0 + r;
@@ -369,7 +388,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
     for (int i = 0; i < kRegItems; ++i) {
       cx[i] = nx[i];
       cd[i] = nd[i];
-      if (valid && tid + i * tpr < body) {
+      if (valid && first + tid + i * tpr < body) {
         float xv[VEC], d[VEC], sc[VEC];
         unpack(cx[i], xv);
         unpack(cd[i], d);
@@ -380,14 +399,14 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
     lone_sums<K>(eh, valid && eh.has, mean, rstd, acc);
     lone_sums<K>(et, valid && et.has, mean, rstd, acc);
     load_row(r + l.used);  // in flight during the reduction and the stores
-    grad_row_sums<K>(acc, smem);
+    grad_row_sums<K>(acc, smem, CLUSTERED ? &exchange : nullptr, buf);
     float c1, c2;
     row_coefs<K>(a, row, valid, acc, &c1, &c2);
     if (!valid) continue;
     T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int p = tid + i * tpr;
+      const int p = first + tid + i * tpr;
       if (p < body) {
         const int col = head + p * VEC;
         float xv[VEC], d[VEC], sc[VEC], out[VEC];
@@ -403,12 +422,13 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l) {
     lone_dx<T>(a, et, row * H, rstd, c1, c2);
   }
 
+  if (CLUSTERED) cluster_done();
   if (a.workspace == nullptr || slot >= l.used) return;
   float* wg = a.dgamma ? slot_row(a, l, slot, 0) : nullptr;
   float* wb = K == NormKind::kLayer && a.dbeta ? slot_row(a, l, slot, a.dgamma ? 1 : 0) : nullptr;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int p = tid + i * tpr;
+    const int p = first + tid + i * tpr;
     if (p < body) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -1023,42 +1043,56 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   return param_sums<K, T, P, VEC>(stream, a, l);
 }
 
+// Rows of more than kRegThreads * kRegItems packs split over a cluster of
+// up to this many CTAs (sm_90+).
+constexpr int kUnalignedMaxCluster = 4;
+
 // Whether the backward takes bwd_unaligned: a width that is not a multiple
 // of a 16-byte pack, x, dy, dx (and dh) 16-byte aligned, rows of at most
-// kRegThreads * kRegItems packs.
+// kRegThreads * kRegItems packs, or kUnalignedMaxCluster times that where
+// clusters are available.
 template <class T>
 bool bwd_unaligned_fits(const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
+  const int64_t most = static_cast<int64_t>(kRegThreads) * kRegItems * (has_clusters() ? kUnalignedMaxCluster : 1);
   return a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
-         (!a.dh || aligned16(a.dh)) && ceil_div(a.shape.hidden, kVec) <= kRegThreads * kRegItems;
+         (!a.dh || aligned16(a.dh)) && ceil_div(a.shape.hidden, kVec) <= most;
 }
 
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
-  const int64_t rpg = a.shape.rows_per_group();
-  const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
-  const int rpb = rows_per_cta(tpr, kBlockThreads);
+  const int64_t rpg = a.shape.rows_per_group(), nvec = ceil_div(a.shape.hidden, kVec);
+  const int cluster = pow2_ceil(ceil_div(nvec, static_cast<int64_t>(kRegThreads) * kRegItems));
+  const int tpr = std::max(kVec, row_threads(ceil_div(nvec, cluster), kRegItems));
+  const int rpb = rows_per_cta(tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
   const dim3 block(tpr, rpb);
   const size_t smem = static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float);  // the scales
-  int resident = 0;
-  JRN_RETURN_IF_ERROR(co_resident_clusters(bwd_unaligned<K, T, P>, block, smem, 1, &resident));
+  int resident = 0;  // slots: CTAs, or clusters
+  auto kernel = cluster > 1 ? bwd_unaligned<K, T, P, true> : bwd_unaligned<K, T, P, false>;
+  JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, block, smem, cluster, &resident));
   // Persistent slots, as many as are resident at once (and the workspace
-  // holds), a multiple of kVec (see bwd_unaligned): CTAs a multiple of `step`.
+  // holds), a multiple of kVec (see bwd_unaligned): CTAs (or clusters) a
+  // multiple of `step`.
   const int64_t step = kVec / std::gcd(rpb, kVec);
-  int64_t ctas = std::min<int64_t>(resident, ceil_div(rpg, rpb));
+  int64_t groups_of = std::min<int64_t>(resident, ceil_div(rpg, rpb));  // CTAs or clusters
   if (a.workspace) {
-    ctas = std::min<int64_t>(ctas, a.slots / rpb) / step * step;
+    groups_of = std::min<int64_t>(groups_of, a.slots / rpb) / step * step;
     // Fewer than kVec slots (not with cuda_slots' counts at these widths).
-    if (ctas == 0) return launch_bwd_vec<K, T, P, 1>(stream, a);
+    if (groups_of == 0) return launch_bwd_vec<K, T, P, 1>(stream, a);
   } else {
-    ctas = ceil_div(ctas, step) * step;
+    groups_of = ceil_div(groups_of, step) * step;
   }
-  SlotLayout l{ctas * rpb, a.workspace ? a.slots : ctas * rpb};
-  bwd_unaligned<K, T, P><<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(a.shape.groups)), block, smem,
-                           stream>>>(a, l);
-  JRN_RETURN_IF_ERROR(check_launch("bwd_unaligned"));
+  SlotLayout l{groups_of * rpb, a.workspace ? a.slots : groups_of * rpb};
+  const dim3 grid(static_cast<unsigned>(groups_of * cluster), static_cast<unsigned>(a.shape.groups));
+  if (cluster > 1) {
+    JRN_RETURN_IF_ERROR(
+        launch_clustered(kernel, grid, block, smem, stream, cluster, "bwd_unaligned (clusters)", a, l, cluster));
+  } else {
+    kernel<<<grid, block, smem, stream>>>(a, l, 1);
+    JRN_RETURN_IF_ERROR(check_launch("bwd_unaligned"));
+  }
   return param_sums<K, T, P, 1>(stream, a, l);
 }
 

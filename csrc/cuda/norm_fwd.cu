@@ -383,11 +383,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
   const int64_t start = row * H;  // the row's first element
-  const int64_t lead = (VEC - start % VEC) % VEC;
-  const int head = static_cast<int>(lead < H ? lead : H);
-  const int body = static_cast<int>((H - head) / VEC);  // whole packs
-  const int tail = static_cast<int>(H - head) - body * VEC;
+  const auto [head, body, tail] = cut_row<VEC>(start, H);
   const int tid = static_cast<int>(threadIdx.x);
+  auto column = [&](int i) { return head + (tid + i * static_cast<int>(blockDim.x)) * VEC; };  // pack i's
   const T* x = static_cast<const T*>(a.x) + start;
   // Thread t takes the head's element t and the tail's element t, where they
   // exist (the launcher gives a row at least VEC threads).
@@ -398,10 +396,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   bool in[kRegItems];
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int p = tid + i * static_cast<int>(blockDim.x);
-    in[i] = valid && p < body;
+    in[i] = valid && tid + i * static_cast<int>(blockDim.x) < body;
     if (in[i]) {
-      load_pack<VEC>(x + head + p * VEC, v[i]);
+      load_pack<VEC>(x + column(i), v[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
@@ -415,13 +412,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
     // row's packs lie on 16-byte ones: the same packs.
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) add_residual<VEC, T>(v[i], a.residual, a.residual_f32, start + head + (tid + i * blockDim.x) * VEC);
+      if (in[i]) add_residual<VEC, T>(v[i], a.residual, a.residual_f32, start + column(i));
     }
     if (has_head) add_residual<1, T>(eh, a.residual, a.residual_f32, start + tid);
     if (has_tail) add_residual<1, T>(et, a.residual, a.residual_f32, start + tail_col);
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) store_h_as<VEC, T>(a.h, a.h_f32, start + head + (tid + i * blockDim.x) * VEC, v[i]);
+      if (in[i]) store_h_as<VEC, T>(a.h, a.h_f32, start + column(i), v[i]);
     }
     if (has_head) store_h_as<1, T>(a.h, a.h_f32, start + tid, eh);
     if (has_tail) store_h_as<1, T>(a.h, a.h_f32, start + tail_col, et);
@@ -454,7 +451,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     if (in[i]) {
-      const int col = head + (tid + i * static_cast<int>(blockDim.x)) * VEC;
+      const int col = column(i);
       if (width == 4) {
         scale_shift_by<4>(v[i], rstd, gamma, beta, col, a.zero_centered);
       } else if (width == 2) {
