@@ -271,8 +271,8 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // before the statistics were loaded ahead, these two were level (4100:
 // 553.9 -> 554.0 us). That cap was meant to let two CTAs of 288 threads
 // (hidden 4100) share an SM, but it does not: Nsight Compute shows one (9
-// warps an SM, RESULTS.md 1h). With one-element packs (bwd_regs to 1024 elements, bwd_stream above)
-// these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an H100, bf16, 2^27
+// warps an SM, RESULTS.md 1h). With one-element packs (bwd_regs to 1024
+// elements, bwd_stream above) these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an H100, bf16, 2^27
 // elements, us, one-element packs -> rows loaded ahead -> statistics too:
 // RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540), 65472x2050 761.5 ->
 // 382.0 -> 376.2 (XLA 513), 134083x1001 699.0 -> 365.1 -> 351.2, 16386x8191
