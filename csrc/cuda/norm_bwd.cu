@@ -266,19 +266,20 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // columns. The slot's sums are stored one float at a time, once.
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
-// and written. The scales sit in shared memory and the registers are capped
-// at 112 (LayerNorm of 16-bit x spills 12-20 bytes); measured on their own,
-// before the statistics were loaded ahead, these two were level (4100:
-// 553.9 -> 554.0 us). That cap was meant to let two CTAs of 288 threads
-// (hidden 4100) share an SM, but it does not: Nsight Compute shows one (9
-// warps an SM, RESULTS.md 1h). With one-element packs (bwd_regs to 1024
-// elements, bwd_stream above) these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an H100, bf16, 2^27
-// elements, us, one-element packs -> rows loaded ahead -> statistics too:
-// RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540), 65472x2050 761.5 ->
-// 382.0 -> 376.2 (XLA 513), 134083x1001 699.0 -> 365.1 -> 351.2, 16386x8191
-// 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 -> 652.2 -> 601.4
-// (XLA 992), 910.3 -> 440.6 -> 440.0, 1010.8 -> 413.7 -> 396.6, 2153.3 ->
-// 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2. RESULTS.md 1g.
+// and written. The scales sit in shared memory and the registers are capped at
+// 112 (LayerNorm of 16-bit x spills 12-20 bytes); measured on their own,
+// before the statistics were loaded ahead, these two were level (4100: 553.9
+// -> 554.0 us). That cap was meant to let two CTAs of 288 threads (hidden
+// 4100) share an SM, but it does not: Nsight Compute shows one (9 warps an SM,
+// RESULTS.md 1h). With one-element packs (bwd_regs to 1024 elements,
+// bwd_stream above) these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an
+// H100, bf16, 2^27 elements, us, one-element packs -> rows loaded ahead ->
+// statistics too: RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540),
+// 65472x2050 761.5 -> 382.0 -> 376.2 (XLA 513), 134083x1001 699.0 -> 365.1 ->
+// 351.2, 16386x8191 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 ->
+// 652.2 -> 601.4 (XLA 992), 910.3 -> 440.6 -> 440.0, 1010.8 -> 413.7 -> 396.6,
+// 2153.3 -> 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2.
+// RESULTS.md 1g.
 //
 // CLUSTERED: rows of more than kRegThreads * kRegItems packs (8192-32767
 // elements of 16-bit x). A slot is then a cluster of `cluster_size` (2-4)
