@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Profiles chosen ops with Nsight Compute (after the build of device_run.sh):
 #   bash benchmarks/ncu_run.sh ROWS HIDDEN OP...   ; reports go to $OUT/ncu_OP_HIDDEN.txt
+# KERNELS (a regex of kernel names), COUNT (launches profiled) and LIMIT (seconds
+# an op) narrow it: each profiled launch is replayed once per counter pass (about
+# 18) with its memory saved and restored, and at 2^27 elements four launches of
+# rms_bwd at 10920x12290 did not finish in 120 s (2026-11-27, H100). E.g.
+# KERNELS=bwd_unaligned COUNT=1 LIMIT=200 for that one kernel.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 rows=$1; hidden=$2; shift 2
 for op in "$@"; do
-  timeout 120 ncu --clock-control none --kernel-name regex:'fwd_|bwd_|stats|apply|reduce_cols|dgamma' \
-    --launch-skip 0 --launch-count 4 \
+  timeout "${LIMIT:-120}" ncu --clock-control none --kernel-name regex:"${KERNELS:-fwd_|bwd_|stats|apply|reduce_cols|dgamma}" \
+    --launch-skip 0 --launch-count "${COUNT:-4}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \
     python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 \
