@@ -309,6 +309,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
   const auto [head, body, tail] = cut_row<VEC>((group_row0 + slot) * H, H);  // the same on each of the slot's rows
   const int tid = static_cast<int>(threadIdx.x), tpr = static_cast<int>(blockDim.x);
   const int first = rank * tpr * kRegItems;  // the CTA's first pack
+  auto pack = [&](int i) { return first + tid + i * tpr; };  // the row's pack that item i holds
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
 
@@ -323,7 +324,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
   float dg[kRegItems][VEC], db[kRegItems][VEC];
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int p = first + tid + i * tpr;
+    const int p = pack(i);
     float sc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -364,7 +365,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
     }
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int p = first + tid + i * tpr;
+      const int p = pack(i);
       if (in && p < body) {
         load_raw(static_cast<const T*>(a.x) + start + head + p * VEC, nx[i]);
         load_raw(static_cast<const T*>(a.dy) + start + head + p * VEC, nd[i]);
@@ -390,7 +391,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
     for (int i = 0; i < kRegItems; ++i) {
       cx[i] = nx[i];
       cd[i] = nd[i];
-      if (valid && first + tid + i * tpr < body) {
+      if (valid && pack(i) < body) {
         float xv[VEC], d[VEC], sc[VEC];
         unpack(cx[i], xv);
         unpack(cd[i], d);
@@ -408,7 +409,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
     T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      const int p = first + tid + i * tpr;
+      const int p = pack(i);
       if (p < body) {
         const int col = head + p * VEC;
         float xv[VEC], d[VEC], sc[VEC], out[VEC];
@@ -430,7 +431,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
   float* wb = K == NormKind::kLayer && a.dbeta ? slot_row(a, l, slot, a.dgamma ? 1 : 0) : nullptr;
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    const int p = first + tid + i * tpr;
+    const int p = pack(i);
     if (p < body) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {

@@ -385,7 +385,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   const int64_t start = row * H;  // the row's first element
   const auto [head, body, tail] = cut_row<VEC>(start, H);
   const int tid = static_cast<int>(threadIdx.x);
-  auto column = [&](int i) { return head + (tid + i * static_cast<int>(blockDim.x)) * VEC; };  // pack i's
+  auto pack = [&](int i) { return tid + i * static_cast<int>(blockDim.x); };  // the row's pack that item i holds
+  auto column = [&](int i) { return head + pack(i) * VEC; };                  // its first column
   const T* x = static_cast<const T*>(a.x) + start;
   // Thread t takes the head's element t and the tail's element t, where they
   // exist (the launcher gives a row at least VEC threads).
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   bool in[kRegItems];
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
-    in[i] = valid && tid + i * static_cast<int>(blockDim.x) < body;
+    in[i] = valid && pack(i) < body;
     if (in[i]) {
       load_pack<VEC>(x + column(i), v[i]);
     } else {

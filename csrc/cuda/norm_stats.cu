@@ -37,6 +37,9 @@ constexpr int kThreads = 256;
 // two packs together was slower there (74.8 us for x at 4096; 148-198 us for
 // gradients, whose registers rose from 32 to 45-80).
 constexpr int kRowPacks = 2;
+inline int grad_stats_threads(int64_t nvec) {
+  return static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))));
+}
 
 // ADD: the statistics of h = x + residual, h stored as it is summed (the
 // residual add + norm with the hidden dim split: one pass over x and the
@@ -159,8 +162,7 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a) {
   const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!add || (aligned16(a.residual) && aligned16(a.h)));
   const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
   // With the residual: the gradient statistics' threads (two tensors' loads).
-  const int tpr = add ? static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))))
-                      : x_stats_threads(nvec, a.shape.rows);
+  const int tpr = add ? grad_stats_threads(nvec) : x_stats_threads(nvec, a.shape.rows);
   dim3 grid, block;
   JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kThreads, &grid, &block));
   if (add) {
@@ -184,8 +186,7 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
                    (!a.gamma || aligned16(a.gamma));
   dim3 grid, block;
   const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
-  const int tpr = static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))));
-  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kThreads, &grid, &block));
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, grad_stats_threads(nvec), kThreads, &grid, &block));
   if (vec) {
     grad_stats<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
   } else {
