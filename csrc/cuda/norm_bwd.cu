@@ -261,8 +261,8 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // its last (`tail`) one by one in the row's first threads, the rest in
 // 16-byte packs, kRegItems a thread. The dgamma/dbeta sums stay in registers
 // as in bwd_regs: a slot walks rows `l.used` apart, and the launcher makes
-// l.used a multiple of the pack, so that every row of a slot starts at the
-// same offset from a 16-byte boundary and each thread keeps the same
+// l.used * hidden a multiple of the pack, so that every row of a slot starts
+// at the same offset from a 16-byte boundary and each thread keeps the same
 // columns. The slot's sums are stored one float at a time, once.
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
@@ -1050,6 +1050,17 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
 // up to this many CTAs (sm_90+).
 constexpr int kUnalignedMaxCluster = 4;
 
+// The most whole 16-byte packs between a row's head and tail, at any
+// offset (bwd_unaligned's threads hold these; the head and tail elements go
+// to the first threads on their own): hidden / kVec, one fewer than
+// ceil(hidden / kVec). At 4100 (bf16) 512, which 256 threads hold, where
+// 513 took 288: nine warps, one CTA an SM under the register cap (RESULTS.md
+// 1h).
+template <class T>
+int64_t unaligned_packs(int64_t hidden) {
+  return hidden / static_cast<int64_t>(16 / sizeof(T));
+}
+
 // Whether the backward takes bwd_unaligned: a width that is not a multiple
 // of a 16-byte pack, x, dy, dx (and dh) 16-byte aligned, rows of at most
 // kRegThreads * kRegItems packs, or kUnalignedMaxCluster times that where
@@ -1059,14 +1070,14 @@ bool bwd_unaligned_fits(const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t most = static_cast<int64_t>(kRegThreads) * kRegItems * (has_clusters() ? kUnalignedMaxCluster : 1);
   return a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
-         (!a.dh || aligned16(a.dh)) && ceil_div(a.shape.hidden, kVec) <= most;
+         (!a.dh || aligned16(a.dh)) && unaligned_packs<T>(a.shape.hidden) <= most;
 }
 
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
-  const int64_t rpg = a.shape.rows_per_group(), nvec = ceil_div(a.shape.hidden, kVec);
+  const int64_t rpg = a.shape.rows_per_group(), nvec = unaligned_packs<T>(a.shape.hidden);
   const int cluster = pow2_ceil(ceil_div(nvec, static_cast<int64_t>(kRegThreads) * kRegItems));
   const int tpr = std::max(kVec, row_threads(ceil_div(nvec, cluster), kRegItems));
   const int rpb = rows_per_cta(tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
@@ -1076,13 +1087,16 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   auto kernel = cluster > 1 ? bwd_unaligned<K, T, P, true> : bwd_unaligned<K, T, P, false>;
   JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, block, smem, cluster, &resident));
   // Persistent slots, as many as are resident at once (and the workspace
-  // holds), a multiple of kVec (see bwd_unaligned): CTAs (or clusters) a
-  // multiple of `step`.
-  const int64_t step = kVec / std::gcd(rpb, kVec);
+  // holds), a multiple of `period` (see bwd_unaligned): rows `period` apart
+  // start at the same offset from a 16-byte boundary (period * hidden a
+  // multiple of kVec: 2 at 4100, 4 at 2050 and 12290, 8 at odd widths).
+  // CTAs (or clusters) a multiple of `step`.
+  const int64_t period = kVec / std::gcd(a.shape.hidden, static_cast<int64_t>(kVec));
+  const int64_t step = period / std::gcd(static_cast<int64_t>(rpb), period);
   int64_t groups_of = std::min<int64_t>(resident, ceil_div(rpg, rpb));  // CTAs or clusters
   if (a.workspace) {
     groups_of = std::min<int64_t>(groups_of, a.slots / rpb) / step * step;
-    // Fewer than kVec slots (not with cuda_slots' counts at these widths).
+    // Fewer than `period` slots (not with cuda_slots' counts at these widths).
     if (groups_of == 0) return launch_bwd_vec<K, T, P, 1>(stream, a);
   } else {
     groups_of = ceil_div(groups_of, step) * step;
