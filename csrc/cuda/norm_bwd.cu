@@ -259,11 +259,19 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // (x, dy, dx and dh 16-byte aligned), as fwd_unaligned takes their forward:
 // each row's elements before its first 16-byte boundary (`head`) and after
 // its last (`tail`) one by one in the row's first threads, the rest in
-// 16-byte packs, kRegItems a thread. The dgamma/dbeta sums stay in registers
-// as in bwd_regs: a slot walks rows `l.used` apart, and the launcher makes
-// l.used * hidden a multiple of the pack, so that every row of a slot starts
-// at the same offset from a 16-byte boundary and each thread keeps the same
-// columns. The slot's sums are stored one float at a time, once.
+// 16-byte packs, kRegItems a thread. Each thread keeps its columns' dgamma/
+// dbeta sums over the slot's rows: a slot walks rows `l.used` apart, and the
+// launcher makes l.used * hidden a multiple of the pack, so that every row
+// of a slot starts at the same offset from a 16-byte boundary and each
+// thread keeps the same columns. The slot's sums are stored one float at a
+// time, once.
+//
+// WIP, not run on a GPU: the sums sit in shared memory beside the scales
+// (each thread reads and writes only its own), so that the plain instances
+// fit 96 registers and two CTAs of 288-320 threads (9-10 warps, e.g. hidden
+// 4500 and 5000 in bf16) share an SM, against one at 112 (RESULTS.md 1h).
+// RMSNorm's plain instances do not spill at 96; LayerNorm's spill 84-92
+// bytes.
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
 // and written. The scales sit in shared memory and the registers are capped at
@@ -292,7 +300,7 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // argument, the plain widths lost up to 15% (RMSNorm 1001: 346 -> 400 us).
 // RESULTS.md 1h.
 template <NormKind K, class T, class P, bool CLUSTERED>
-__global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
+__global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
   constexpr int VEC = 16 / sizeof(T);
   const int cluster = CLUSTERED ? cluster_size : 1;
   using Vec = Pack<T, VEC>;
@@ -313,23 +321,36 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
 
-  // The effective scale of the thread's columns, in shared memory (the
-  // registers have no room for it): float4 q of pack i at
-  // sscale[((threadIdx.y * kRegItems + i) * VEC / 4 + q) * tpr + tid], read
-  // by this thread alone.
-  extern __shared__ float4 sscale[];
-  auto scale_at = [&](int i, int q) -> float4& {
-    return sscale[((static_cast<int>(threadIdx.y) * kRegItems + i) * (VEC / 4) + q) * tpr + tid];
+  // The thread's columns' effective scale and dgamma (dbeta) sums, in shared
+  // memory (the registers have no room for them): float4 q of pack i of
+  // array `arr` (kScale, kDg, kDb) at
+  // cols[(((arr * rpb + threadIdx.y) * kRegItems + i) * VEC / 4 + q) * tpr + tid],
+  // used by this thread alone.
+  extern __shared__ float4 cols[];
+  const int rpb = static_cast<int>(blockDim.y);
+  auto col_at = [&](int arr, int i, int q) -> float4& {
+    return cols[(((arr * rpb + static_cast<int>(threadIdx.y)) * kRegItems + i) * (VEC / 4) + q) * tpr + tid];
   };
-  float dg[kRegItems][VEC], db[kRegItems][VEC];
+  enum { kScale, kDg, kDb };
+  auto read_cols = [&](int arr, int i, float(&v)[VEC]) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 f = col_at(arr, i, q);
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+  };
+  auto write_cols = [&](int arr, int i, const float(&v)[VEC]) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) col_at(arr, i, q) = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+  };
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int p = pack(i);
-    float sc[VEC];
+    float sc[VEC], zero[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       sc[j] = 1.f;
-      dg[i][j] = db[i][j] = 0.f;
+      zero[j] = 0.f;
       // Element by element: gamma's packs are not aligned to these columns.
       if (p < body) {
         float one[1];
@@ -337,17 +358,10 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
         sc[j] = one[0];
       }
     }
-#pragma unroll
-    for (int q = 0; q < VEC / 4; ++q)
-      scale_at(i, q) = make_float4(sc[4 * q], sc[4 * q + 1], sc[4 * q + 2], sc[4 * q + 3]);
+    write_cols(kScale, i, sc);
+    write_cols(kDg, i, zero);
+    if constexpr (K == NormKind::kLayer) write_cols(kDb, i, zero);
   }
-  auto scale_of = [&](int i, float(&sc)[VEC]) {
-#pragma unroll
-    for (int q = 0; q < VEC / 4; ++q) {
-      const float4 v = scale_at(i, q);
-      sc[4 * q] = v.x, sc[4 * q + 1] = v.y, sc[4 * q + 2] = v.z, sc[4 * q + 3] = v.w;
-    }
-  };
   // The head and tail elements: the first threads of rank 0.
   LoneColumn eh = lone_column(gamma, tid, rank == 0 && tid < head, a.zero_centered);
   LoneColumn et = lone_column(gamma, head + body * VEC + tid, rank == 0 && tid < tail, a.zero_centered);
@@ -395,7 +409,7 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
         float xv[VEC], d[VEC], sc[VEC];
         unpack(cx[i], xv);
         unpack(cd[i], d);
-        scale_of(i, sc);
+        read_cols(kScale, i, sc);
         add_grad_sums_of<VEC>(acc, xv, d, sc, mean, rstd);
       }
     }
@@ -412,11 +426,15 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
       const int p = pack(i);
       if (p < body) {
         const int col = head + p * VEC;
-        float xv[VEC], d[VEC], sc[VEC], out[VEC];
+        float xv[VEC], d[VEC], sc[VEC], out[VEC], dg[VEC], db[VEC];
         unpack(cx[i], xv);
         unpack(cd[i], d);
-        scale_of(i, sc);
-        grad_dx<K>(out, dg[i], db[i], xv, d, sc, mean, rstd, c1, c2);
+        read_cols(kScale, i, sc);
+        read_cols(kDg, i, dg);
+        if constexpr (K == NormKind::kLayer) read_cols(kDb, i, db);
+        grad_dx<K>(out, dg, db, xv, d, sc, mean, rstd, c1, c2);
+        write_cols(kDg, i, dg);
+        if constexpr (K == NormKind::kLayer) write_cols(kDb, i, db);
         if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
         store_pack<VEC>(dx + col, out);
       }
@@ -433,10 +451,13 @@ __global__ void __maxnreg__(112) bwd_unaligned(BwdArgs a, SlotLayout l, int clus
   for (int i = 0; i < kRegItems; ++i) {
     const int p = pack(i);
     if (p < body) {
+      float dg[VEC], db[VEC];
+      read_cols(kDg, i, dg);
+      if constexpr (K == NormKind::kLayer) read_cols(kDb, i, db);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (wg) wg[head + p * VEC + j] = dg[i][j];
-        if (wb) wb[head + p * VEC + j] = db[i][j];
+        if (wg) wg[head + p * VEC + j] = dg[j];
+        if (wb) wb[head + p * VEC + j] = db[j];
       }
     }
   }
@@ -1082,7 +1103,9 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   const int tpr = std::max(kVec, row_threads(ceil_div(nvec, cluster), kRegItems));
   const int rpb = rows_per_cta(tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
   const dim3 block(tpr, rpb);
-  const size_t smem = static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float);  // the scales
+  // The scales and dgamma (dbeta) sums of each thread's columns.
+  const size_t smem =
+      static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float) * (K == NormKind::kLayer ? 3 : 2);
   int resident = 0;  // slots: CTAs, or clusters
   auto kernel = cluster > 1 ? bwd_unaligned<K, T, P, true> : bwd_unaligned<K, T, P, false>;
   JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, block, smem, cluster, &resident));
