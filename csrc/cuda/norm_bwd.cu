@@ -258,8 +258,8 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // The plain backward of rows whose width is not a multiple of a 16-byte pack
 // (x, dy, dx and dh 16-byte aligned), as fwd_unaligned takes their forward:
 // each row's elements before its first 16-byte boundary (`head`) and after
-// its last (`tail`) one by one in the row's first threads, the rest in
-// 16-byte packs, kRegItems a thread. Each thread keeps its columns' dgamma/
+// its last (`tail`) one by one in the row's first 2 * VEC threads, the rest
+// in 16-byte packs, kRegItems a thread. Each thread keeps its columns' dgamma/
 // dbeta sums over the slot's rows: a slot walks rows `l.used` apart, and the
 // launcher makes l.used * hidden a multiple of the pack, so that every row
 // of a slot starts at the same offset from a 16-byte boundary and each
@@ -267,11 +267,12 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // time, once.
 //
 // WIP, not run on a GPU: the sums sit in shared memory beside the scales
-// (each thread reads and writes only its own), so that the plain instances
-// fit 96 registers and two CTAs of 288-320 threads (9-10 warps, e.g. hidden
-// 4500 and 5000 in bf16) share an SM, against one at 112 (RESULTS.md 1h).
-// RMSNorm's plain instances do not spill at 96; LayerNorm's spill 84-92
-// bytes.
+// (each thread reads and writes only its own), and a thread takes a head
+// or a tail element, not both, so that the plain instances fit 96
+// registers and two CTAs of 288-320 threads (9-10 warps, e.g. hidden 4500
+// and 5000 in bf16) share an SM, against one at 112 (RESULTS.md 1h).
+// RMSNorm's plain instances do not spill at 96; LayerNorm's spill 8 bytes
+// (bf16) and 28-40 (fp16).
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
 // and written. The scales sit in shared memory and the registers are capped at
@@ -363,8 +364,13 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
     if constexpr (K == NormKind::kLayer) write_cols(kDb, i, zero);
   }
   // The head and tail elements: the first threads of rank 0.
-  LoneColumn eh = lone_column(gamma, tid, rank == 0 && tid < head, a.zero_centered);
-  LoneColumn et = lone_column(gamma, head + body * VEC + tid, rank == 0 && tid < tail, a.zero_centered);
+  // Threads [0, head) of rank 0 take the head's elements, threads
+  // [VEC, VEC + tail) the tail's: one such element a thread at most (the
+  // launcher gives a row at least 2 * VEC threads).
+  const bool takes_tail = tid >= VEC;
+  const int lone = takes_tail ? tid - VEC : tid;  // the element's index in the head or tail
+  LoneColumn e = lone_column(gamma, takes_tail ? head + body * VEC + lone : lone,
+                             rank == 0 && lone < (takes_tail ? tail : head), a.zero_centered);
 
   // The current row's packs and the next row's, as stored, and the next
   // row's statistics.
@@ -385,8 +391,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
         load_raw(static_cast<const T*>(a.dy) + start + head + p * VEC, nd[i]);
       }
     }
-    lone_load<T>(eh, in && eh.has, a, start);
-    lone_load<T>(et, in && et.has, a, start);
+    lone_load<T>(e, in && e.has, a, start);
   };
   load_row(slot);
 
@@ -413,8 +418,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
         add_grad_sums_of<VEC>(acc, xv, d, sc, mean, rstd);
       }
     }
-    lone_sums<K>(eh, valid && eh.has, mean, rstd, acc);
-    lone_sums<K>(et, valid && et.has, mean, rstd, acc);
+    lone_sums<K>(e, valid && e.has, mean, rstd, acc);
     load_row(r + l.used);  // in flight during the reduction and the stores
     grad_row_sums<K>(acc, smem, CLUSTERED ? &exchange : nullptr, buf);
     float c1, c2;
@@ -439,8 +443,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
         store_pack<VEC>(dx + col, out);
       }
     }
-    lone_dx<T>(a, eh, row * H, rstd, c1, c2);
-    lone_dx<T>(a, et, row * H, rstd, c1, c2);
+    lone_dx<T>(a, e, row * H, rstd, c1, c2);
   }
 
   if (CLUSTERED) cluster_done();
@@ -461,8 +464,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
       }
     }
   }
-  if (eh.has) lone_store(eh, wg, wb);
-  if (et.has) lone_store(et, wg, wb);
+  if (e.has) lone_store(e, wg, wb);
 }
 
 // The column sums of the `fold` CTAs of a thread block cluster (each a slot
@@ -1100,7 +1102,7 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
   const int64_t rpg = a.shape.rows_per_group(), nvec = unaligned_packs<T>(a.shape.hidden);
   const int cluster = pow2_ceil(ceil_div(nvec, static_cast<int64_t>(kRegThreads) * kRegItems));
-  const int tpr = std::max(kVec, row_threads(ceil_div(nvec, cluster), kRegItems));
+  const int tpr = std::max(2 * kVec, row_threads(ceil_div(nvec, cluster), kRegItems));  // head, tail: 2 * kVec
   const int rpb = rows_per_cta(tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
   const dim3 block(tpr, rpb);
   // The scales and dgamma (dbeta) sums of each thread's columns.
