@@ -266,21 +266,27 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // thread keeps the same columns. The slot's sums are stored one float at a
 // time, once.
 //
-// WIP, not run on a GPU: the sums sit in shared memory beside the scales
-// (each thread reads and writes only its own), and a thread takes a head
-// or a tail element, not both, so that the plain instances fit 96
-// registers and two CTAs of 288-320 threads (9-10 warps, e.g. hidden 4500
-// and 5000 in bf16) share an SM, against one at 112 (RESULTS.md 1h).
-// RMSNorm's plain instances do not spill at 96; LayerNorm's spill 8 bytes
-// (bf16) and 28-40 (fp16).
+// The sums sit in shared memory beside the scales (each thread reads and
+// writes only its own), and a thread takes a head or a tail element, not
+// both, so that the plain instances fit 96 registers and two CTAs of 288-320
+// threads (9-10 warps, e.g. hidden 4500 and 5000 in bf16) share an SM,
+// against one at 112 (RMSNorm's plain instances do not spill at 96;
+// LayerNorm's spill 8 bytes in bf16, 28-40 in fp16). The launcher sizes a
+// row by its whole packs, hidden / VEC (512 threads' worth at 4100, not 513,
+// so 256 threads rather than 288). Same-call A/B, H100, bf16, 2^27 elements,
+// us, before -> whole-pack sizing -> sums in shared memory: RMSNorm
+// 32736x4100 520.0 -> 346.5 -> 342.8 (XLA 541), 29826x4500 508.6 -> 512.9 ->
+// 341.7 (XLA 648), 16382x8193 660.7 -> 379.5 -> 375.3 (XLA 800, one CTA
+// instead of a cluster), 10920x12290 555.4 -> 492.0 -> 471.7 (XLA 494),
+// 134083x1001 349.8 -> 349.6 -> 342.7; LayerNorm 604.7 -> 394.2 -> 390.9,
+// 594.6 -> 582.0 -> 392.8, 777.9 -> 448.5 -> 469.9, 652.3 -> 559.4 -> 553.2,
+// 396.8 -> 394.4 -> 387.8. RESULTS.md 1h.
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
-// and written. The scales sit in shared memory and the registers are capped at
-// 112 (LayerNorm of 16-bit x spills 12-20 bytes); measured on their own,
-// before the statistics were loaded ahead, these two were level (4100: 553.9
-// -> 554.0 us). That cap was meant to let two CTAs of 288 threads (hidden
-// 4100) share an SM, but it does not: Nsight Compute shows one (9 warps an SM,
-// RESULTS.md 1h). With one-element packs (bwd_regs to 1024 elements,
+// and written. Earlier, with the sums in registers, the scales alone in
+// shared memory and a cap of 112 registers (LayerNorm of 16-bit x spilled
+// 12-20 bytes), two CTAs of 288 threads did not share an SM: Nsight Compute
+// showed one (9 warps an SM, RESULTS.md 1h). With one-element packs (bwd_regs to 1024 elements,
 // bwd_stream above) these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an
 // H100, bf16, 2^27 elements, us, one-element packs -> rows loaded ahead ->
 // statistics too: RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540),
