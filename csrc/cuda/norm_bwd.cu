@@ -296,8 +296,13 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // 2153.3 -> 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2.
 // RESULTS.md 1g.
 //
-// CLUSTERED: rows of more than kRegThreads * kRegItems packs (8192-32767
-// elements of 16-bit x). A slot is then a cluster of `cluster_size` (2-4)
+// ITEMS: the packs a thread holds, kRegItems, or kUnalignedWideItems for
+// rows of 1025-1536 packs in one CTA (8200-12295 elements of 16-bit x; WIP,
+// not run on a GPU: it replaces a cluster of two and its exchange each row).
+// Its one CTA of up to 512 threads an SM may take 128 registers.
+//
+// CLUSTERED: rows of more than kRegThreads * kUnalignedWideItems packs (up
+// to 32775 elements of 16-bit x). A slot is then a cluster of `cluster_size` (2-4)
 // one-row CTAs, each with its own range of the row's packs; the row sums go
 // through ClusterPush, and rank 0 takes the head and tail. Against
 // bwd_stream's one-element packs (same-call A/B, H100, bf16, 2^27 elements,
@@ -306,8 +311,8 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // 1188). It is an instance of its own: with the cluster size a runtime
 // argument, the plain widths lost up to 15% (RMSNorm 1001: 346 -> 400 us).
 // RESULTS.md 1h.
-template <NormKind K, class T, class P, bool CLUSTERED>
-__global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
+template <NormKind K, class T, class P, bool CLUSTERED, int ITEMS>
+__global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
   constexpr int VEC = 16 / sizeof(T);
   const int cluster = CLUSTERED ? cluster_size : 1;
   using Vec = Pack<T, VEC>;
@@ -323,7 +328,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
   const int64_t slot = slot0 + threadIdx.y;
   const auto [head, body, tail] = cut_row<VEC>((group_row0 + slot) * H, H);  // the same on each of the slot's rows
   const int tid = static_cast<int>(threadIdx.x), tpr = static_cast<int>(blockDim.x);
-  const int first = rank * tpr * kRegItems;  // the CTA's first pack
+  const int first = rank * tpr * ITEMS;  // the CTA's first pack
   auto pack = [&](int i) { return first + tid + i * tpr; };  // the row's pack that item i holds
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
@@ -331,12 +336,12 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
   // The thread's columns' effective scale and dgamma (dbeta) sums, in shared
   // memory (the registers have no room for them): float4 q of pack i of
   // array `arr` (kScale, kDg, kDb) at
-  // cols[(((arr * rpb + threadIdx.y) * kRegItems + i) * VEC / 4 + q) * tpr + tid],
+  // cols[(((arr * rpb + threadIdx.y) * ITEMS + i) * VEC / 4 + q) * tpr + tid],
   // used by this thread alone.
   extern __shared__ float4 cols[];
   const int rpb = static_cast<int>(blockDim.y);
   auto col_at = [&](int arr, int i, int q) -> float4& {
-    return cols[(((arr * rpb + static_cast<int>(threadIdx.y)) * kRegItems + i) * (VEC / 4) + q) * tpr + tid];
+    return cols[(((arr * rpb + static_cast<int>(threadIdx.y)) * ITEMS + i) * (VEC / 4) + q) * tpr + tid];
   };
   enum { kScale, kDg, kDb };
   auto read_cols = [&](int arr, int i, float(&v)[VEC]) {
@@ -351,7 +356,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
     for (int q = 0; q < VEC / 4; ++q) col_at(arr, i, q) = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
   };
 #pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
+  for (int i = 0; i < ITEMS; ++i) {
     const int p = pack(i);
     float sc[VEC], zero[VEC];
 #pragma unroll
@@ -380,7 +385,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
 
   // The current row's packs and the next row's, as stored, and the next
   // row's statistics.
-  Vec cx[kRegItems], cd[kRegItems], nx[kRegItems], nd[kRegItems];
+  Vec cx[ITEMS], cd[ITEMS], nx[ITEMS], nd[ITEMS];
   float next_rstd = 0.f, next_mean = 0.f;
   auto load_row = [&](int64_t r) {
     const bool in = r < rpg;
@@ -390,7 +395,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
       if constexpr (K == NormKind::kLayer) next_mean = a.mean[group_row0 + r];
     }
 #pragma unroll
-    for (int i = 0; i < kRegItems; ++i) {
+    for (int i = 0; i < ITEMS; ++i) {
       const int p = pack(i);
       if (in && p < body) {
         load_raw(static_cast<const T*>(a.x) + start + head + p * VEC, nx[i]);
@@ -413,7 +418,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
 
     float acc[2] = {0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < kRegItems; ++i) {
+    for (int i = 0; i < ITEMS; ++i) {
       cx[i] = nx[i];
       cd[i] = nd[i];
       if (valid && pack(i) < body) {
@@ -432,7 +437,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
     if (!valid) continue;
     T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
-    for (int i = 0; i < kRegItems; ++i) {
+    for (int i = 0; i < ITEMS; ++i) {
       const int p = pack(i);
       if (p < body) {
         const int col = head + p * VEC;
@@ -457,7 +462,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : 96) bwd_unaligned(BwdArgs a, SlotL
   float* wg = a.dgamma ? slot_row(a, l, slot, 0) : nullptr;
   float* wb = K == NormKind::kLayer && a.dbeta ? slot_row(a, l, slot, a.dgamma ? 1 : 0) : nullptr;
 #pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
+  for (int i = 0; i < ITEMS; ++i) {
     const int p = pack(i);
     if (p < body) {
       float dg[VEC], db[VEC];
@@ -1078,6 +1083,10 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
 // Rows of more than kRegThreads * kRegItems packs split over a cluster of
 // up to this many CTAs (sm_90+).
 constexpr int kUnalignedMaxCluster = 4;
+// Packs a thread of bwd_unaligned holds in rows of kRegThreads * kRegItems
+// to kRegThreads * kUnalignedWideItems packs (8200-12295 elements of 16-bit
+// x): one CTA, with no exchange across a cluster.
+constexpr int kUnalignedWideItems = 3;
 
 // The most whole 16-byte packs between a row's head and tail, at any
 // offset (bwd_unaligned's threads hold these; the head and tail elements go
@@ -1090,32 +1099,56 @@ int64_t unaligned_packs(int64_t hidden) {
   return hidden / static_cast<int64_t>(16 / sizeof(T));
 }
 
-// Whether the backward takes bwd_unaligned: a width that is not a multiple
-// of a 16-byte pack, x, dy, dx (and dh) 16-byte aligned, rows of at most
-// kRegThreads * kRegItems packs, or kUnalignedMaxCluster times that where
-// clusters are available.
-template <class T>
-bool bwd_unaligned_fits(const BwdArgs& a) {
+// How bwd_unaligned takes a row of `nvec` whole packs: kRegItems packs a
+// thread in one CTA up to kRegThreads * kRegItems packs, then
+// kUnalignedWideItems in one CTA, then kRegItems across a cluster of up to
+// kUnalignedMaxCluster CTAs (sm_90+). `ok` is false where none fits (the
+// shared memory, or the cluster): bwd_stream takes the row.
+struct UnalignedPlan {
+  bool ok = false;
+  int items = 0, cluster = 1, tpr = 0, rpb = 1;
+  size_t smem = 0;  // the scales and dgamma (dbeta) sums of each thread's columns
+};
+
+template <NormKind K, class T>
+UnalignedPlan unaligned_plan(int64_t hidden) {
   constexpr int kVec = 16 / sizeof(T);
-  const int64_t most = static_cast<int64_t>(kRegThreads) * kRegItems * (has_clusters() ? kUnalignedMaxCluster : 1);
-  return a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
-         (!a.dh || aligned16(a.dh)) && unaligned_packs<T>(a.shape.hidden) <= most;
+  const int64_t nvec = unaligned_packs<T>(hidden), one_cta = static_cast<int64_t>(kRegThreads) * kRegItems;
+  // Shared memory a CTA may opt in to, less a margin for the kernel's own
+  // arrays (the row sums and the cluster exchange).
+  const int64_t smem_most = static_cast<int64_t>(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) - 1024;
+  auto plan = [&](int items, int cluster) {
+    UnalignedPlan u;
+    u.items = items, u.cluster = cluster;
+    u.tpr = std::max(2 * kVec, row_threads(ceil_div(nvec, cluster), items));  // head, tail: 2 * kVec
+    u.rpb = rows_per_cta(u.tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
+    u.smem = static_cast<size_t>(u.tpr) * u.rpb * items * kVec * sizeof(float) * (K == NormKind::kLayer ? 3 : 2);
+    u.ok = static_cast<int64_t>(u.smem) <= smem_most;
+    return u;
+  };
+  if (nvec <= one_cta) return plan(kRegItems, 1);
+  if (nvec <= static_cast<int64_t>(kRegThreads) * kUnalignedWideItems) {
+    const UnalignedPlan u = plan(kUnalignedWideItems, 1);
+    if (u.ok) return u;
+  }
+  if (!has_clusters() || nvec > one_cta * kUnalignedMaxCluster) return UnalignedPlan{};
+  return plan(kRegItems, pow2_ceil(ceil_div(nvec, one_cta)));
 }
 
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
+  const UnalignedPlan u = unaligned_plan<K, T>(a.shape.hidden);
+  if (!u.ok) return launch_bwd_vec<K, T, P, 1>(stream, a);
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
-  const int64_t rpg = a.shape.rows_per_group(), nvec = unaligned_packs<T>(a.shape.hidden);
-  const int cluster = pow2_ceil(ceil_div(nvec, static_cast<int64_t>(kRegThreads) * kRegItems));
-  const int tpr = std::max(2 * kVec, row_threads(ceil_div(nvec, cluster), kRegItems));  // head, tail: 2 * kVec
-  const int rpb = rows_per_cta(tpr, kBlockThreads);  // 1 in clusters (tpr > 256)
-  const dim3 block(tpr, rpb);
-  // The scales and dgamma (dbeta) sums of each thread's columns.
-  const size_t smem =
-      static_cast<size_t>(tpr) * rpb * kRegItems * kVec * sizeof(float) * (K == NormKind::kLayer ? 3 : 2);
+  const int64_t rpg = a.shape.rows_per_group();
+  const int cluster = u.cluster, rpb = u.rpb;
+  const size_t smem = u.smem;
+  const dim3 block(u.tpr, rpb);
   int resident = 0;  // slots: CTAs, or clusters
-  auto kernel = cluster > 1 ? bwd_unaligned<K, T, P, true> : bwd_unaligned<K, T, P, false>;
+  auto kernel = cluster > 1                      ? bwd_unaligned<K, T, P, true, kRegItems>
+                : u.items == kUnalignedWideItems ? bwd_unaligned<K, T, P, false, kUnalignedWideItems>
+                                                 : bwd_unaligned<K, T, P, false, kRegItems>;
   JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, block, smem, cluster, &resident));
   // Persistent slots, as many as are resident at once (and the workspace
   // holds), a multiple of `period` (see bwd_unaligned): rows `period` apart
@@ -1152,7 +1185,11 @@ ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
                       aligned16(a.dx) && (!a.gamma || aligned16(a.gamma)) && (!a.dh || aligned16(a.dh));
   if (vec_ok) return launch_bwd_vec<K, T, P, kVec>(stream, a);
-  if (bwd_unaligned_fits<T>(a)) return launch_bwd_unaligned<K, T, P>(stream, a);
+  // Rows that are not a multiple of the pack, with x, dy, dx (and dh)
+  // 16-byte aligned: bwd_unaligned (where its plan fits), else bwd_stream.
+  if (a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
+      (!a.dh || aligned16(a.dh)))
+    return launch_bwd_unaligned<K, T, P>(stream, a);
   return launch_bwd_vec<K, T, P, 1>(stream, a);
 }
 
