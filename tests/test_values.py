@@ -1,13 +1,16 @@
 """Forward and backward values against the float64 NumPy reference, on every
 platform present, for every dtype, shape family and parameter option."""
 
+import pathlib
+
 import numpy as np
 import pytest
 import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import DTYPES, assert_close, case_key, f64, poison, put, random, ref_backward, ref_forward
+from reference import (DTYPES, assert_close, case_key, f64, poison, put, random, ref_backward, ref_forward,
+                       run_script)
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -145,6 +148,14 @@ UNALIGNED_MANY_ROWS = [(3000, 127), (1500, 1001), (1500, 1002), (1100, 4097), (1
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_unaligned_widths(kind, dtype, shape, platform):
     _check_variants(kind, dtype, shape, platform, (kind, "unaligned") + shape)
+
+
+# A kernel's opt-in shared-memory limit must survive a launch of the same
+# kernel with less: tests/launch_order.py, in a process of its own.
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_shared_memory_limit_order(platform):
+    out = run_script(pathlib.Path(__file__).with_name("launch_order.py"))
+    assert out.count("ok") == 6, out
 
 
 # On a GPU the wide-row kernels are persistent: each CTA (or cluster) walks

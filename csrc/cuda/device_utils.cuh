@@ -954,17 +954,30 @@ struct ClusterLaunch {
 };
 
 // Lets `kernel` run with clusters of `cluster` CTAs and `smem` bytes of
-// dynamic shared memory (limits above the defaults must be asked for).
+// dynamic shared memory (limits above the defaults must be asked for). The
+// limit belongs to the kernel, not to a launch, so it is only ever raised:
+// lowered for a launch with less shared memory, it would refuse a later
+// launch with more whose configuration co_resident_clusters has cached
+// ("invalid argument"; LayerNorm's bwd_unaligned at hidden 5000, then 4100,
+// then 5000 again).
 template <class... Params>
 ffi::Error allow_cluster_launch(void (*kernel)(Params...), size_t smem, unsigned cluster) {
-  if (cluster > 8) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, std::pair<size_t, bool>> allowed;  // smem, non-portable clusters
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cuda_error(e, "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  auto& [most, non_portable] = allowed[{dev, reinterpret_cast<const void*>(kernel)}];
+  if (cluster > 8 && !non_portable) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+    non_portable = true;
   }
-  if (smem > 32 * 1024) {  // opt in well before 48 KB: static shared memory adds to it
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  if (smem > 32 * 1024 && smem > most) {  // opt in well before 48 KB: static shared memory adds to it
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return cuda_error(e, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    most = smem;
   }
   return ffi::Error::Success();
 }
