@@ -1091,6 +1091,10 @@ constexpr int kUnalignedMaxCluster = 4;
 // to kRegThreads * kUnalignedWideItems packs (8200-12295 elements of 16-bit
 // x): one CTA, with no exchange across a cluster.
 constexpr int kUnalignedWideItems = 3;
+// And four packs a thread up to kRegThreads * kUnalignedWidestItems packs
+// (12296-16383 elements of 16-bit x). WIP, not run on a GPU: RMSNorm fits
+// 128 registers; LayerNorm of 16-bit x spills 96-120 bytes.
+constexpr int kUnalignedWidestItems = 4;
 
 // The most whole 16-byte packs between a row's head and tail, at any
 // offset (bwd_unaligned's threads hold these; the head and tail elements go
@@ -1131,9 +1135,12 @@ UnalignedPlan unaligned_plan(int64_t hidden) {
     return u;
   };
   if (nvec <= one_cta) return plan(kRegItems, 1);
-  if (nvec <= static_cast<int64_t>(kRegThreads) * kUnalignedWideItems) {
-    const UnalignedPlan u = plan(kUnalignedWideItems, 1);
-    if (u.ok) return u;
+  for (const int items : {kUnalignedWideItems, kUnalignedWidestItems}) {
+    if (nvec <= static_cast<int64_t>(kRegThreads) * items) {
+      const UnalignedPlan u = plan(items, 1);
+      if (u.ok) return u;
+      break;
+    }
   }
   if (!has_clusters() || nvec > one_cta * kUnalignedMaxCluster) return UnalignedPlan{};
   return plan(kRegItems, pow2_ceil(ceil_div(nvec, one_cta)));
@@ -1150,9 +1157,10 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
   const size_t smem = u.smem;
   const dim3 block(u.tpr, rpb);
   int resident = 0;  // slots: CTAs, or clusters
-  auto kernel = cluster > 1                      ? bwd_unaligned<K, T, P, true, kRegItems>
-                : u.items == kUnalignedWideItems ? bwd_unaligned<K, T, P, false, kUnalignedWideItems>
-                                                 : bwd_unaligned<K, T, P, false, kRegItems>;
+  auto kernel = cluster > 1                        ? bwd_unaligned<K, T, P, true, kRegItems>
+                : u.items == kUnalignedWideItems   ? bwd_unaligned<K, T, P, false, kUnalignedWideItems>
+                : u.items == kUnalignedWidestItems ? bwd_unaligned<K, T, P, false, kUnalignedWidestItems>
+                                                   : bwd_unaligned<K, T, P, false, kRegItems>;
   JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, block, smem, cluster, &resident));
   // Persistent slots, as many as are resident at once (and the workspace
   // holds), a multiple of `period` (see bwd_unaligned): rows `period` apart
