@@ -299,14 +299,15 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // ITEMS: the packs a thread holds, kRegItems, or kUnalignedWideItems for
 // rows of 1025-1536 packs in one CTA (8200-12295 elements of 16-bit x),
 // which replaced a cluster of two CTAs of two packs a thread and its
-// exchange each row. Its one CTA of up to 512 threads an SM may take 128
-// registers. Same-call A/B, H100, bf16, 2^27 elements, us, cluster -> one
-// CTA: RMSNorm 16366x8201 627.7 -> 383.9 (XLA 567), 13420x10001 561.9 ->
+// exchange each row, or kUnalignedWidestItems above (see there). Its one
+// CTA of up to 512 threads an SM may take 128 registers. Same-call A/B,
+// H100, bf16, 2^27 elements, us, cluster -> one CTA of three packs a
+// thread: RMSNorm 16366x8201 627.7 -> 383.9 (XLA 567), 13420x10001 561.9 ->
 // 354.8, 10920x12290 474.6 -> 335.8 (XLA 496); LayerNorm 715.3 -> 472.2,
-// 646.7 -> 452.6, 537.5 -> 431.3 (RESULTS.md 1i).
+// 646.7 -> 452.6, 537.5 -> 431.3 (RESULTS.md 1j).
 //
-// CLUSTERED: rows of more than kRegThreads * kUnalignedWideItems packs (up
-// to 32775 elements of 16-bit x). A slot is then a cluster of `cluster_size` (2-4)
+// CLUSTERED: rows wider than one CTA takes (up to 32775 elements of 16-bit
+// x). A slot is then a cluster of `cluster_size` (2-4)
 // one-row CTAs, each with its own range of the row's packs; the row sums go
 // through ClusterPush, and rank 0 takes the head and tail. Against
 // bwd_stream's one-element packs (same-call A/B, H100, bf16, 2^27 elements,
@@ -1092,9 +1093,16 @@ constexpr int kUnalignedMaxCluster = 4;
 // x): one CTA, with no exchange across a cluster.
 constexpr int kUnalignedWideItems = 3;
 // And four packs a thread up to kRegThreads * kUnalignedWidestItems packs
-// (12296-16383 elements of 16-bit x). WIP, not run on a GPU: RMSNorm fits
-// 128 registers; LayerNorm of 16-bit x spills 96-120 bytes.
+// (12296-16383 elements of 16-bit x), LayerNorm only up to
+// kUnalignedLayerWidestPacks (CTAs of at most 448 threads). RMSNorm fits 128
+// registers there; LayerNorm of 16-bit x spills 96-120 bytes a thread, and
+// at 512 threads its shared memory (192 KB) leaves L1 too little to hold
+// them. Same-call A/B on an H100, bf16, 2^27 elements, us, cluster of two ->
+// one CTA: RMSNorm 10914x12297 523.2 -> 345.6, 9586x14001 466.3 -> 331.5,
+// 8192x16383 412.4 -> 322.2; LayerNorm 617.3 -> 560.1 (416 threads), 564.5
+// -> 533.3 (448), but 482.6 -> 519.2 at 16383 (512). RESULTS.md 1k.
 constexpr int kUnalignedWidestItems = 4;
+constexpr int64_t kUnalignedLayerWidestPacks = 448 * kUnalignedWidestItems;
 
 // The most whole 16-byte packs between a row's head and tail, at any
 // offset (bwd_unaligned's threads hold these; the head and tail elements go
@@ -1109,8 +1117,8 @@ int64_t unaligned_packs(int64_t hidden) {
 
 // How bwd_unaligned takes a row of `nvec` whole packs: kRegItems packs a
 // thread in one CTA up to kRegThreads * kRegItems packs, then
-// kUnalignedWideItems in one CTA, then kRegItems across a cluster of up to
-// kUnalignedMaxCluster CTAs (sm_90+). `ok` is false where none fits (the
+// kUnalignedWideItems or kUnalignedWidestItems in one CTA, then kRegItems
+// across a cluster of up to kUnalignedMaxCluster CTAs (sm_90+). `ok` is false where none fits (the
 // shared memory, or the cluster): bwd_stream takes the row.
 struct UnalignedPlan {
   bool ok = false;
@@ -1135,8 +1143,10 @@ UnalignedPlan unaligned_plan(int64_t hidden) {
     return u;
   };
   if (nvec <= one_cta) return plan(kRegItems, 1);
+  const int64_t widest = K == NormKind::kLayer ? kUnalignedLayerWidestPacks
+                                               : static_cast<int64_t>(kRegThreads) * kUnalignedWidestItems;
   for (const int items : {kUnalignedWideItems, kUnalignedWidestItems}) {
-    if (nvec <= static_cast<int64_t>(kRegThreads) * items) {
+    if (nvec <= std::min(widest, static_cast<int64_t>(kRegThreads) * items)) {
       const UnalignedPlan u = plan(items, 1);
       if (u.ok) return u;
       break;
