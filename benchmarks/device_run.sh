@@ -40,8 +40,8 @@ for step in "$@"; do
         grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|inst_executed|warps_launched|grid_size|block_size" \
           "$OUT/ncu_decode_${r}x$hd.txt" | head -80
       done ;;
-    bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f-1h)
-      { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 12290 16383
+    bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f-1l)
+      { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd
         python3 benchmarks/bench_fused.py --hidden 1001 2050 4097 4100 12290 --ops add_rms add_ln
       } 2>&1 | tee "$OUT/bench_unaligned.log" | grep -v '^|' ;;
