@@ -1085,8 +1085,8 @@ ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   return param_sums<K, T, P, VEC>(stream, a, l);
 }
 
-// Rows of more than kRegThreads * kRegItems packs split over a cluster of
-// up to this many CTAs (sm_90+).
+// Rows wider than one CTA takes (see unaligned_plan) split over a cluster
+// of up to this many CTAs (sm_90+).
 constexpr int kUnalignedMaxCluster = 4;
 // Packs a thread of bwd_unaligned holds in rows of kRegThreads * kRegItems
 // to kRegThreads * kUnalignedWideItems packs (8200-12295 elements of 16-bit
