@@ -259,7 +259,7 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // (x, dy, dx and dh 16-byte aligned), as fwd_unaligned takes their forward:
 // each row's elements before its first 16-byte boundary (`head`) and after
 // its last (`tail`) one by one in the row's first 2 * VEC threads, the rest
-// in 16-byte packs, kRegItems a thread. Each thread keeps its columns' dgamma/
+// in 16-byte packs, ITEMS a thread. Each thread keeps its columns' dgamma/
 // dbeta sums over the slot's rows: a slot walks rows `l.used` apart, and the
 // launcher makes l.used * hidden a multiple of the pack, so that every row
 // of a slot starts at the same offset from a 16-byte boundary and each
@@ -280,18 +280,18 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // instead of a cluster), 10920x12290 555.4 -> 492.0 -> 471.7 (XLA 494),
 // 134083x1001 349.8 -> 349.6 -> 342.7; LayerNorm 604.7 -> 394.2 -> 390.9,
 // 594.6 -> 582.0 -> 392.8, 777.9 -> 448.5 -> 469.9, 652.3 -> 559.4 -> 553.2,
-// 396.8 -> 394.4 -> 387.8. RESULTS.md 1h.
+// 396.8 -> 394.4 -> 387.8. RESULTS.md 1i.
 //
 // Each row's x, dy and statistics are loaded while the row before is reduced
 // and written. Earlier, with the sums in registers, the scales alone in
 // shared memory and a cap of 112 registers (LayerNorm of 16-bit x spilled
 // 12-20 bytes), two CTAs of 288 threads did not share an SM: Nsight Compute
-// showed one (9 warps an SM, RESULTS.md 1h). With one-element packs (bwd_regs to 1024 elements,
-// bwd_stream above) these widths ran at 0.6-1.2 TB/s. Same-call A/Bs on an
-// H100, bf16, 2^27 elements, us, one-element packs -> rows loaded ahead ->
-// statistics too: RMSNorm 32736x4100 709.1 -> 553.9 -> 516.9 (XLA 540),
-// 65472x2050 761.5 -> 382.0 -> 376.2 (XLA 513), 134083x1001 699.0 -> 365.1 ->
-// 351.2, 16386x8191 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 ->
+// showed one (9 warps an SM, RESULTS.md 1h). With one-element packs
+// (bwd_regs to 1024 elements, bwd_stream above) these widths ran at 0.6-1.2
+// TB/s. Same-call A/Bs on an H100, bf16, 2^27 elements, us, one-element
+// packs -> rows loaded ahead -> statistics too: RMSNorm 32736x4100 709.1 ->
+// 553.9 -> 516.9 (XLA 540), 65472x2050 761.5 -> 382.0 -> 376.2 (XLA 513),
+// 134083x1001 699.0 -> 365.1 -> 351.2, 16386x8191 1228.5 -> 425.5 -> 379.8 (XLA 752); LayerNorm 1089.9 ->
 // 652.2 -> 601.4 (XLA 992), 910.3 -> 440.6 -> 440.0, 1010.8 -> 413.7 -> 396.6,
 // 2153.3 -> 500.8 -> 449.4. Loading nothing ahead: 4100 663.8 and 733.2.
 // RESULTS.md 1g.
@@ -307,17 +307,18 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // 646.7 -> 452.6, 537.5 -> 431.3 (RESULTS.md 1j).
 //
 // CLUSTERED: rows wider than one CTA takes (up to 32775 elements of 16-bit
-// x). A slot is then a cluster of `cluster_size` (2-4)
-// one-row CTAs, each with its own range of the row's packs; the row sums go
-// through ClusterPush, and rank 0 takes the head and tail. Against
-// bwd_stream's one-element packs (same-call A/B, H100, bf16, 2^27 elements,
+// x). A slot is then a cluster of `cluster_size` (2-4) one-row CTAs, each
+// with its own range of the row's packs; the row sums go through
+// ClusterPush, and rank 0 takes the head and tail. Against bwd_stream's
+// one-element packs (same-call A/B, H100, bf16, 2^27 elements,
 // us): RMSNorm 10920x12290 1467.0 -> 557.4 (XLA 497), 8192x16383 1439.3 ->
 // 437.7 (XLA 553); LayerNorm 2244.0 -> 655.2, 2196.1 -> 507.9 (XLA 1192,
 // 1188). It is an instance of its own: with the cluster size a runtime
 // argument, the plain widths lost up to 15% (RMSNorm 1001: 346 -> 400 us).
 // RESULTS.md 1h.
 template <NormKind K, class T, class P, bool CLUSTERED, int ITEMS>
-__global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128) bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
+__global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
+    bwd_unaligned(BwdArgs a, SlotLayout l, int cluster_size) {
   constexpr int VEC = 16 / sizeof(T);
   const int cluster = CLUSTERED ? cluster_size : 1;
   using Vec = Pack<T, VEC>;
@@ -1118,8 +1119,9 @@ int64_t unaligned_packs(int64_t hidden) {
 // How bwd_unaligned takes a row of `nvec` whole packs: kRegItems packs a
 // thread in one CTA up to kRegThreads * kRegItems packs, then
 // kUnalignedWideItems or kUnalignedWidestItems in one CTA, then kRegItems
-// across a cluster of up to kUnalignedMaxCluster CTAs (sm_90+). `ok` is false where none fits (the
-// shared memory, or the cluster): bwd_stream takes the row.
+// across a cluster of up to kUnalignedMaxCluster CTAs (sm_90+). `ok` is
+// false where none fits (the shared memory, or the cluster): bwd_stream
+// takes the row.
 struct UnalignedPlan {
   bool ok = false;
   int items = 0, cluster = 1, tpr = 0, rpb = 1;
@@ -1204,14 +1206,14 @@ ffi::Error launch_bwd_unaligned(cudaStream_t stream, const BwdArgs& a) {
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.dy) &&
-                      aligned16(a.dx) && (!a.gamma || aligned16(a.gamma)) && (!a.dh || aligned16(a.dh));
-  if (vec_ok) return launch_bwd_vec<K, T, P, kVec>(stream, a);
-  // Rows that are not a multiple of the pack, with x, dy, dx (and dh)
-  // 16-byte aligned: bwd_unaligned (where its plan fits), else bwd_stream.
-  if (a.shape.hidden % kVec != 0 && aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) &&
-      (!a.dh || aligned16(a.dh)))
+  const bool rows16 = aligned16(a.x) && aligned16(a.dy) && aligned16(a.dx) && (!a.dh || aligned16(a.dh));
+  if (a.shape.hidden % kVec == 0) {
+    if (rows16 && (!a.gamma || aligned16(a.gamma))) return launch_bwd_vec<K, T, P, kVec>(stream, a);
+  } else if (rows16) {
+    // Rows that are not a multiple of the pack, with x, dy, dx (and dh)
+    // 16-byte aligned: bwd_unaligned (where its plan fits), else bwd_stream.
     return launch_bwd_unaligned<K, T, P>(stream, a);
+  }
   return launch_bwd_vec<K, T, P, 1>(stream, a);
 }
 
