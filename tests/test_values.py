@@ -396,11 +396,13 @@ def test_dgamma_is_reproducible(shape, platform):
 # every group (grid y) must land in that group's dgamma/dbeta. At 65536 a
 # cluster takes a row; each CTA stages its group's gamma slice in shared
 # memory, which dx reads. At 4097 (bwd_unaligned) each slot walks rows of one
-# offset from a 16-byte boundary, within its group; at 12290 a slot is a
-# cluster of two CTAs.
+# offset from a 16-byte boundary, within its group; at 12290 a slot is one
+# CTA of three packs a thread; at 16383 one of four for RMSNorm and, for
+# LayerNorm, a cluster of two CTAs.
 @pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 16384), (jnp.float32, 8192), (jnp.bfloat16, 65536),
-                                           (jnp.bfloat16, 4097), (jnp.bfloat16, 12290)],
-                         ids=["bfloat16-16384", "float32-8192", "bfloat16-65536", "bfloat16-4097", "bfloat16-12290"])
+                                           (jnp.bfloat16, 4097), (jnp.bfloat16, 12290), (jnp.bfloat16, 16383)],
+                         ids=["bfloat16-16384", "float32-8192", "bfloat16-65536", "bfloat16-4097", "bfloat16-12290",
+                              "bfloat16-16383"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_dgamma_per_group_wide_rows(kind, dtype, hidden, platform):
