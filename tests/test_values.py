@@ -128,7 +128,9 @@ UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 41
 
 # The backward at those widths takes bwd_unaligned: up to 1024 whole packs
 # between a row's head and tail elements in one CTA of two packs a thread
-# (8199 elements of 16-bit x, 4099 of float32), up to 1536 in one CTA of
+# (8199 elements of 16-bit x, 4099 of float32; 16-bit x four packs a thread
+# from 64 packs, 512 elements, LayerNorm only up to 96 packs, 775 elements:
+# 511 / 513 and 775 / 777 lie on both sides), up to 1536 in one CTA of
 # three (12295, 6147), up to 2048 in one of four (16391, 8195; LayerNorm up
 # to 1792: 14343, 7171), up to 4096 in a cluster of 2 or 4 on sm_90 (32775
 # and 16387), with dgamma/dbeta summed in persistent slots that each walk rows of
@@ -138,8 +140,8 @@ UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 41
 # do). 8193 / 8201 / 12295 / 12297 / 14343 / 14345 (16-bit x) and 4097 /
 # 4101 / 6149 (float32) lie on both sides of those bounds; 32775 and 16385 are the last
 # widths in a cluster, and float32's 16389 takes the streaming kernel.
-UNALIGNED_MANY_ROWS = [(3000, 127), (1500, 1001), (1500, 1002), (1100, 4097), (1000, 4100), (900, 4101),
-                       (800, 6149), (600, 8191), (600, 8193), (600, 8201), (520, 12290), (520, 12295),
+UNALIGNED_MANY_ROWS = [(3000, 127), (3000, 511), (3000, 513), (2000, 775), (2000, 777), (1500, 1001),
+                       (1500, 1002), (1100, 4097), (1000, 4100), (900, 4101), (800, 6149), (600, 8191), (600, 8193), (600, 8201), (520, 12290), (520, 12295),
                        (520, 12297), (520, 14343), (520, 14345), (520, 16385), (520, 16389), (520, 32775)]
 
 

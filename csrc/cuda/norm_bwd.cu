@@ -299,7 +299,8 @@ __device__ __forceinline__ void lone_store(const LoneColumn& e, float* wg, float
 // ITEMS: the packs a thread holds, kRegItems, or kUnalignedWideItems for
 // rows of 1025-1536 packs in one CTA (8200-12295 elements of 16-bit x),
 // which replaced a cluster of two CTAs of two packs a thread and its
-// exchange each row, or kUnalignedWidestItems above (see there). Its one
+// exchange each row, or kUnalignedWidestItems above (and for narrower rows
+// of 16-bit x, see kUnalignedFourFromPacks). Its one
 // CTA of up to 512 threads an SM may take 128 registers. Same-call A/B,
 // H100, bf16, 2^27 elements, us, cluster -> one CTA of three packs a
 // thread: RMSNorm 16366x8201 627.7 -> 383.9 (XLA 567), 13420x10001 561.9 ->
@@ -1104,6 +1105,21 @@ constexpr int kUnalignedWideItems = 3;
 // -> 533.3 (448), but 482.6 -> 519.2 at 16383 (512). RESULTS.md 1k.
 constexpr int kUnalignedWidestItems = 4;
 constexpr int64_t kUnalignedLayerWidestPacks = 448 * kUnalignedWidestItems;
+// Narrower rows of 16-bit x take four packs a thread as well from
+// kUnalignedFourFromPacks: RMSNorm up to kRegThreads * kRegItems packs,
+// LayerNorm up to kUnalignedLayerFourMostPacks. A quarter of the packs in
+// threads, not a half: CTAs of more rows, or (8191) two CTAs of 256 threads
+// an SM instead of one of 512. Same-call A/B on an H100, bf16, 2^27
+// elements, us, two packs -> four: RMSNorm 223324x601 430.1 -> 315.2,
+// 134083x1001 343.5 -> 318.2, 65472x2050 335.9 -> 306.3, 32760x4097 338.4
+// -> 307.5, 32736x4100 337.5 -> 306.0, 22365x6001 422.8 -> 314.4,
+// 16386x8191 370.1 -> 306.7 (XLA 514-1042). LayerNorm gains at 601 (496.4
+// -> 413.2) but loses at 1001 (389.2 -> 397.4), 2050 (384.6 -> 448.3) and
+// 4097 (395.2 -> 451.4), so it stops between them. Float32 x loses (RMSNorm
+// 65504x2049 573.3 -> 591.7, 32760x4097 573.5 -> 591.1) and keeps two.
+// Below 64 packs not measured. RESULTS.md 1m.
+constexpr int64_t kUnalignedFourFromPacks = 64;
+constexpr int64_t kUnalignedLayerFourMostPacks = 96;
 
 // The most whole 16-byte packs between a row's head and tail, at any
 // offset (bwd_unaligned's threads hold these; the head and tail elements go
@@ -1117,7 +1133,8 @@ int64_t unaligned_packs(int64_t hidden) {
 }
 
 // How bwd_unaligned takes a row of `nvec` whole packs: kRegItems packs a
-// thread in one CTA up to kRegThreads * kRegItems packs, then
+// thread in one CTA up to kRegThreads * kRegItems packs (16-bit x four from
+// kUnalignedFourFromPacks, LayerNorm up to kUnalignedLayerFourMostPacks), then
 // kUnalignedWideItems or kUnalignedWidestItems in one CTA, then kRegItems
 // across a cluster of up to kUnalignedMaxCluster CTAs (sm_90+). `ok` is
 // false where none fits (the shared memory, or the cluster): bwd_stream
@@ -1144,6 +1161,11 @@ UnalignedPlan unaligned_plan(int64_t hidden) {
     u.ok = static_cast<int64_t>(u.smem) <= smem_most;
     return u;
   };
+  const int64_t four_most = K == NormKind::kLayer ? kUnalignedLayerFourMostPacks : one_cta;
+  if (sizeof(T) == 2 && nvec >= kUnalignedFourFromPacks && nvec <= four_most) {
+    const UnalignedPlan u = plan(kUnalignedWidestItems, 1);
+    if (u.ok) return u;
+  }
   if (nvec <= one_cta) return plan(kRegItems, 1);
   const int64_t widest = K == NormKind::kLayer ? kUnalignedLayerWidestPacks
                                                : static_cast<int64_t>(kRegThreads) * kUnalignedWidestItems;
