@@ -1113,7 +1113,7 @@ constexpr int64_t kUnalignedLayerWidestPacks = 448 * kUnalignedWidestItems;
 // elements, us, two packs -> four: RMSNorm 223324x601 430.1 -> 315.2,
 // 134083x1001 343.5 -> 318.2, 65472x2050 335.9 -> 306.3, 32760x4097 338.4
 // -> 307.5, 32736x4100 337.5 -> 306.0, 22365x6001 422.8 -> 314.4,
-// 16386x8191 370.1 -> 306.7 (XLA 514-1042). LayerNorm gains at 601 (496.4
+// 16386x8191 370.1 -> 306.7 (XLA 511-1042). LayerNorm gains at 601 (496.4
 // -> 413.2) but loses at 1001 (389.2 -> 397.4), 2050 (384.6 -> 448.3) and
 // 4097 (395.2 -> 451.4), so it stops between them. Float32 x loses (RMSNorm
 // 65504x2049 573.3 -> 591.7, 32760x4097 573.5 -> 591.1) and keeps two.
