@@ -1,12 +1,13 @@
 // The Python module of one platform: `registrations()` returns the FFI
 // handlers defined by JRN_DEFINE_NORM_HANDLERS and JRN_DEFINE_DIST_HANDLERS
-// (PREFIX, ...) by target name.
+// (PREFIX, ...) by target name. EXTRA: the platform's own definitions on `m`.
 #pragma once
 
 #include <nanobind/nanobind.h>
 
-#define JRN_NB_MODULE(MODULE, PREFIX)                                                   \
+#define JRN_NB_MODULE(MODULE, PREFIX, EXTRA)                                            \
   NB_MODULE(MODULE, m) {                                                                \
+    EXTRA                                                                               \
     m.def("registrations", []() {                                                       \
       namespace nb = nanobind;                                                          \
       nb::dict d;                                                                       \

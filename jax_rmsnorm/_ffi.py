@@ -7,7 +7,16 @@ primitives lower to the target of the platform a computation is lowered for.
 
 from __future__ import annotations
 
+import os
+
 import jax
+
+# The instruction sets the CPU kernels' row loops come in, narrowest first;
+# JAX_RMSNORM_CPU_ISA caps the one they run in (see cpu_isa).
+CPU_ISAS = ("baseline", "avx2")
+_cpu_isa_cap = os.environ.get("JAX_RMSNORM_CPU_ISA", "")
+if _cpu_isa_cap and _cpu_isa_cap not in CPU_ISAS:
+    raise ValueError(f"JAX_RMSNORM_CPU_ISA={_cpu_isa_cap!r}: expected one of {', '.join(CPU_ISAS)} (or unset)")
 
 try:
     from . import _jax_rmsnorm_cpu
@@ -32,6 +41,17 @@ for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
 if _jax_rmsnorm_cuda is not None:
     for _name, _capsule in _jax_rmsnorm_cuda.registrations().items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels' row loops run in.
+
+    ``"avx2"`` on x86-64 CPUs that have AVX2 (with FMA, BMI2 and F16C), else
+    ``"baseline"`` (SSE2, and every non-x86 CPU). Both give the same results
+    bit for bit. ``JAX_RMSNORM_CPU_ISA=baseline`` in the environment (read at
+    the first call) keeps the baseline.
+    """
+    return _jax_rmsnorm_cpu.cpu_isa()
 
 
 def cuda_built() -> bool:

@@ -46,4 +46,4 @@ JRN_DEFINE_FUSED_HANDLERS(Cuda, ::jrn::CudaBackend,
                           ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
                           cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
 
-JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda)
+JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda, /* nothing of its own */)
