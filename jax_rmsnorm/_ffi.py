@@ -12,7 +12,7 @@ import os
 import jax
 
 # The instruction sets the CPU kernels' row loops come in, narrowest first;
-# JAX_RMSNORM_CPU_ISA caps the one they run in (see cpu_isa).
+# JAX_RMSNORM_CPU_ISA=baseline keeps the first (see cpu_isa).
 CPU_ISAS = ("baseline", "avx2")
 _cpu_isa_cap = os.environ.get("JAX_RMSNORM_CPU_ISA", "")
 if _cpu_isa_cap and _cpu_isa_cap not in CPU_ISAS:

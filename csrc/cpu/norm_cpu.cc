@@ -122,7 +122,7 @@ inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 //
 // The module is built for the baseline x86-64 (SSE2), so that it runs on any
 // x86-64 CPU. The loops over a row's elements are compiled once more for AVX2
-// (with FMA, BMI2, F16C: x86-64-v3): with_isa(f) runs f in a function
+// (with FMA, BMI2 and F16C): with_isa(f) runs f in a function
 // compiled for AVX2 where the CPU has it, with f and all it calls inlined into
 // it (`flatten`), so that f's loops are vectorized 256 bits wide. The module
 // is compiled with -ffp-contract=off (no fused multiply-adds formed), so both
@@ -151,7 +151,7 @@ Isa detect_isa() {
 }
 
 template <class F>
-__attribute__((flatten, target("avx,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe,popcnt,sse3,ssse3,sse4.1,sse4.2")))
+__attribute__((flatten, target("avx,avx2,fma,bmi,bmi2,f16c,popcnt,sse3,ssse3,sse4.1,sse4.2")))
 void run_avx2(const F& f) {
   f();
 }
@@ -159,8 +159,8 @@ void run_avx2(const F& f) {
 Isa detect_isa() { return Isa::kBaseline; }
 #endif
 
-// The set with_isa uses: the CPU's widest, unless JAX_RMSNORM_CPU_ISA says
-// baseline.
+// The set with_isa uses: AVX2 where the CPU has it, unless
+// JAX_RMSNORM_CPU_ISA says baseline.
 Isa active_isa() {
   static const Isa isa = [] {
     const char* cap = std::getenv("JAX_RMSNORM_CPU_ISA");
@@ -619,4 +619,5 @@ JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::CpuBackend, ::xla::ffi::Ffi::Bind().Ctx<::
                           ::xla::ffi::ThreadPool pool JRN_COMMA, pool JRN_COMMA);
 
 // cpu_isa(): the instruction set the row loops run in (see with_isa).
-JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu, m.def("cpu_isa", [] { return ::jrn::kIsaNames[static_cast<int>(::jrn::active_isa())]; });)
+JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu,
+              m.def("cpu_isa", [] { return ::jrn::kIsaNames[static_cast<int>(::jrn::active_isa())]; });)
