@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from jax_rmsnorm import _ffi
+from reference import run_script
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "cpu_isa_outputs.py")
 
 
 def _outputs(isa, path):
-    env = {**os.environ, "JAX_RMSNORM_CPU_ISA": isa, "JAX_PLATFORMS": "cpu"}
-    subprocess.run([sys.executable, SCRIPT, str(path)], env=env, check=True, timeout=600)
+    run_script(SCRIPT, str(path), env={**os.environ, "JAX_RMSNORM_CPU_ISA": isa, "JAX_PLATFORMS": "cpu"})
     return np.load(path)
 
 
