@@ -25,6 +25,7 @@
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
 // row from it (row_coefs).
+#include <cstdlib>
 #include <numeric>
 #include <type_traits>
 
@@ -1164,6 +1165,16 @@ UnalignedPlan unaligned_plan(int64_t hidden) {
   const int64_t four_most = K == NormKind::kLayer ? kUnalignedLayerFourMostPacks : one_cta;
   if (sizeof(T) == 2 && nvec >= kUnalignedFourFromPacks && nvec <= four_most) {
     const UnalignedPlan u = plan(kUnalignedWidestItems, 1);
+    if (u.ok) return u;
+  }
+  // WIP knob, not run on a GPU: LayerNorm of 16-bit x with three packs a
+  // thread from JRN_UNALIGNED_LN3_FROM packs up to one_cta (off by default).
+  static const int64_t ln3_from = [] {
+    const char* v = std::getenv("JRN_UNALIGNED_LN3_FROM");
+    return v ? std::atoll(v) : int64_t{1} << 40;
+  }();
+  if (K == NormKind::kLayer && sizeof(T) == 2 && nvec >= ln3_from && nvec <= one_cta) {
+    const UnalignedPlan u = plan(kUnalignedWideItems, 1);
     if (u.ok) return u;
   }
   if (nvec <= one_cta) return plan(kRegItems, 1);
