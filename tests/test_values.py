@@ -126,24 +126,27 @@ UNALIGNED = [(300, 9), (257, 13), (600, 127), (300, 1001), (200, 4097), (100, 41
              (20, 16385), (12, 32767), (10, 32769)]
 
 
-# The backward at those widths takes bwd_unaligned: up to 1024 whole packs
-# between a row's head and tail elements in one CTA of two packs a thread
-# (8199 elements of 16-bit x, 4099 of float32; 16-bit x four packs a thread
-# from 64 packs, 512 elements, LayerNorm only up to 96 packs, 775 elements:
-# 511 / 513 and 775 / 777 lie on both sides), up to 1536 in one CTA of
-# three (12295, 6147), up to 2048 in one of four (16391, 8195; LayerNorm up
-# to 1792: 14343, 7171), up to 4096 in a cluster of 2 or 4 on sm_90 (32775
-# and 16387), with dgamma/dbeta summed in persistent slots that each walk rows of
-# one offset from a 16-byte boundary (rows 8 apart at odd widths, 4 at 1002
-# and 12290, 2 at 4100 in 16-bit x). Groups of more than 512 rows get that
-# workspace (smaller ones sum dgamma column by column, as UNALIGNED's shapes
-# do). 8193 / 8201 / 12295 / 12297 / 14343 / 14345 (16-bit x) and 4097 /
-# 4101 / 6149 (float32) lie on both sides of those bounds; 32775 and 16385 are the last
-# widths in a cluster, and float32's 16389 takes the streaming kernel.
+# The backward at those widths takes bwd_unaligned, in one CTA a row (or
+# several rows) with whole 16-byte packs between a row's head and tail
+# elements (widths on both sides of each bound in brackets):
+# - two packs a thread up to 1024 packs (8199 elements of 16-bit x, 4099 of
+#   float32: 8193 / 8201, 4097 / 4101);
+# - 16-bit x: four packs a thread from 64 packs (511 / 513), LayerNorm only
+#   up to 96 (775 / 777), and LayerNorm three at 641-768 (5127 / 5129,
+#   6149 / 6153);
+# - three packs up to 1536 (12295 / 12297, float32 6147 / 6149), four up to
+#   2048 (16391, 8195; LayerNorm up to 1792: 14343 / 14345);
+# - then a cluster of 2 or 4 on sm_90 up to 4096 packs (32775 of 16-bit x and
+#   16385 of float32 the last), and float32's 16389 takes the streaming kernel.
+# Persistent slots sum dgamma/dbeta, each walking rows of one offset from a
+# 16-byte boundary (rows 8 apart at odd widths, 4 at 1002 and 12290, 2 at 4100
+# in 16-bit x). Groups of more than 512 rows get that workspace (smaller ones
+# sum dgamma column by column, as UNALIGNED's shapes do).
 UNALIGNED_MANY_ROWS = [(3000, 127), (3000, 511), (3000, 513), (2000, 775), (2000, 777), (1500, 1001),
-                       (1500, 1002), (1100, 4097), (1000, 4100), (900, 4101), (800, 6149), (600, 8191),
-                       (600, 8193), (600, 8201), (520, 12290), (520, 12295), (520, 12297), (520, 14343),
-                       (520, 14345), (520, 16385), (520, 16389), (520, 32775)]
+                       (1500, 1002), (1100, 4097), (1000, 4100), (900, 4101), (800, 5127), (800, 5129),
+                       (800, 6149), (800, 6153), (600, 8191), (600, 8193), (600, 8201), (520, 12290),
+                       (520, 12295), (520, 12297), (520, 14343), (520, 14345), (520, 16385), (520, 16389),
+                       (520, 32775)]
 
 
 @pytest.mark.parametrize("shape", UNALIGNED + UNALIGNED_MANY_ROWS, ids=lambda s: "x".join(map(str, s)))

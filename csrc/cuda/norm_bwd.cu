@@ -25,7 +25,6 @@
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
 // row from it (row_coefs).
-#include <cstdlib>
 #include <numeric>
 #include <type_traits>
 
@@ -1121,6 +1120,15 @@ constexpr int64_t kUnalignedLayerWidestPacks = 448 * kUnalignedWidestItems;
 // Below 64 packs not measured. RESULTS.md 1m.
 constexpr int64_t kUnalignedFourFromPacks = 64;
 constexpr int64_t kUnalignedLayerFourMostPacks = 96;
+// LayerNorm of 16-bit x takes three packs a thread where two would need
+// more than 320 threads (one CTA an SM under their 96-register cap) and
+// three fit in kBlockThreads (two CTAs an SM under 128): rows of 641-768
+// packs, 5128-6151 elements. Same-call A/B on an H100 (two rounds), bf16,
+// 2^27 elements, us, two packs -> three packs from 256 packs on: 22365x6001
+// 508.9 -> 380.4 (XLA 905); no gain where two packs already fit two CTAs or
+// three do not: 65472x2050 384.9 -> 391.4, 32760x4097 392.6 -> 395.7,
+// 26843x5000 318.9 -> 318.0, 16386x8191 470.1 -> 473.6. RESULTS.md 1n.
+constexpr int64_t kUnalignedLayerThreeAbovePacks = 640;
 
 // The most whole 16-byte packs between a row's head and tail, at any
 // offset (bwd_unaligned's threads hold these; the head and tail elements go
@@ -1135,7 +1143,8 @@ int64_t unaligned_packs(int64_t hidden) {
 
 // How bwd_unaligned takes a row of `nvec` whole packs: kRegItems packs a
 // thread in one CTA up to kRegThreads * kRegItems packs (16-bit x four from
-// kUnalignedFourFromPacks, LayerNorm up to kUnalignedLayerFourMostPacks), then
+// kUnalignedFourFromPacks, LayerNorm up to kUnalignedLayerFourMostPacks, and
+// LayerNorm three above kUnalignedLayerThreeAbovePacks), then
 // kUnalignedWideItems or kUnalignedWidestItems in one CTA, then kRegItems
 // across a cluster of up to kUnalignedMaxCluster CTAs (sm_90+). `ok` is
 // false where none fits (the shared memory, or the cluster): bwd_stream
@@ -1167,13 +1176,8 @@ UnalignedPlan unaligned_plan(int64_t hidden) {
     const UnalignedPlan u = plan(kUnalignedWidestItems, 1);
     if (u.ok) return u;
   }
-  // WIP knob, not run on a GPU: LayerNorm of 16-bit x with three packs a
-  // thread from JRN_UNALIGNED_LN3_FROM packs up to one_cta (off by default).
-  static const int64_t ln3_from = [] {
-    const char* v = std::getenv("JRN_UNALIGNED_LN3_FROM");
-    return v ? std::atoll(v) : int64_t{1} << 40;
-  }();
-  if (K == NormKind::kLayer && sizeof(T) == 2 && nvec >= ln3_from && nvec <= one_cta) {
+  if (K == NormKind::kLayer && sizeof(T) == 2 && nvec > kUnalignedLayerThreeAbovePacks &&
+      nvec <= static_cast<int64_t>(kBlockThreads) * kUnalignedWideItems) {
     const UnalignedPlan u = plan(kUnalignedWideItems, 1);
     if (u.ok) return u;
   }
