@@ -189,8 +189,10 @@ def test_add_norm_grad(kind, dtype, shape, platform):
 # backward's shared-memory ring, several rows per slot (GRAD_SHAPES has too few).
 # At 4097 each row starts at its own offset from a 16-byte boundary; at 12290
 # such rows take one CTA of three packs a thread, at 16383 (16-bit x) one of
-# four for RMSNorm and a cluster of two CTAs for LayerNorm.
-@pytest.mark.parametrize("shape", [(3000, 4096), (500, 65536), (1200, 4097), (600, 12290), (600, 16383)], ids=sid)
+# four for RMSNorm and a cluster of two CTAs for LayerNorm, at 24583 a
+# cluster of four for both.
+@pytest.mark.parametrize("shape", [(3000, 4096), (500, 65536), (1200, 4097), (600, 12290), (600, 16383),
+                                   (300, 24583)], ids=sid)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_add_norm_grad_many_rows(kind, shape, platform):

@@ -404,11 +404,12 @@ def test_dgamma_is_reproducible(shape, platform):
 # memory, which dx reads. At 4097 (bwd_unaligned) each slot walks rows of one
 # offset from a 16-byte boundary, within its group; at 12290 a slot is one
 # CTA of three packs a thread; at 16383 one of four for RMSNorm and, for
-# LayerNorm, a cluster of two CTAs.
+# LayerNorm, a cluster of two CTAs; at 24583 a cluster of four for both.
 @pytest.mark.parametrize("dtype, hidden", [(jnp.bfloat16, 16384), (jnp.float32, 8192), (jnp.bfloat16, 65536),
-                                           (jnp.bfloat16, 4097), (jnp.bfloat16, 12290), (jnp.bfloat16, 16383)],
+                                           (jnp.bfloat16, 4097), (jnp.bfloat16, 12290), (jnp.bfloat16, 16383),
+                                           (jnp.bfloat16, 24583)],
                          ids=["bfloat16-16384", "float32-8192", "bfloat16-65536", "bfloat16-4097", "bfloat16-12290",
-                              "bfloat16-16383"])
+                              "bfloat16-16383", "bfloat16-24583"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_dgamma_per_group_wide_rows(kind, dtype, hidden, platform):
