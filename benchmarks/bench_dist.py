@@ -15,8 +15,9 @@ Then the residual add + RMSNorm (add_rms_norm: y and h from x and the
 residual; forward, and forward + backward with the cotangents of y and h as
 inputs) in both layouts, against XLA's partitioning of the jnp version.
 
-Then all_reduce_rms_norm (by its default method, and reduce-scatter, normalize,
-all-gather) against psum followed by the norm (ours, and the jnp one), inside
+Then all_reduce_rms_norm (by its default method, reduce-scatter, normalize,
+all-gather, and on GPUs the one kernel that reads the peers' partial sums)
+against psum followed by the norm (ours, and the jnp one), inside
 shard_map: forward only, forward+backward, and forward after the row-parallel
 matmul that makes the partial sums.
 
@@ -342,6 +343,9 @@ def all_reduce_table(devices, dt, g, H, keys, args):
         "psum + rms_norm": lambda p, g: jrn.rms_norm(jax.lax.psum(p, "model"), g),
         "psum + jnp norm": lambda p, g: jnp_rms(jax.lax.psum(p, "model"), g),
     }
+    if devices[0].platform == "gpu":  # peer access: GPUs only
+        variants["all_reduce_rms_norm (nvlink)"] = lambda p, g: jrn.all_reduce_rms_norm(
+            p, g, axis_name="model", method="nvlink")
     print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}); "
           f"matmul + fwd: that partial sum made as ({R}, {K}) @ ({K}, {H}) on each device")
     print("\n| op | fwd ms | fwd+bwd ms | matmul + fwd ms |")

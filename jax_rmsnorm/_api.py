@@ -11,8 +11,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._primitives import (LAYER, RMS, _placeholder, _row_stats_shape, combine_stats, merge_layer_stats, norm_bwd,
-                          norm_fwd, norm_grad_stats, norm_stats, residual_sum, varying_axes)
+from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, _placeholder, _row_stats_shape,
+                          all_reduce_norm_p, combine_stats, merge_layer_stats, norm_bwd, norm_fwd, norm_grad_stats,
+                          norm_stats, nvlink_available, residual_sum, varying_axes)
 
 Array = jax.Array
 
@@ -562,25 +563,40 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     """RMSNorm of the sum over devices of ``partial_sum`` (the output of a
     row-parallel matmul), inside ``shard_map``.
 
-    With ``method="scatter"``, instead of an all-reduce followed by every
-    device normalizing every row, the rows are reduce-scattered (each device
-    receives the sums of 1/n of the rows), normalized where they land, and
-    all-gathered: the same bytes on the wire as the all-reduce, and 1/n of the
-    normalization work each. With ``method="psum"`` it is the all-reduce and
-    the norm of every row. ``"auto"`` is ``"psum"``: where a matmul makes the
-    partial sum, as in a model, NCCL's one all-reduce beat its reduce-scatter
-    plus all-gather by more than the norm's work saved, on 2 H100s (0.77
-    against 0.87 ms, 8192 x 8192 bf16 a device) and on 4 (1.75 against 1.77
-    ms, 16384 x 8192). ``"scatter"`` was ahead only where the partial sum was
-    a program input, which ``psum`` first copies (4 H100s: 1.42 against
-    1.58 ms); more than 4 devices were not measured.
+    Methods (how the forward without ``scatter`` communicates; the result is
+    the same):
 
-    Under differentiation (without ``scatter``) the forward is the all-reduce
-    and the norm of every row instead, saving the whole sum: the cotangent of
-    the (replicated) output is the same on every device, so the backward then
-    needs no communication at all, where the scattered rows would need their
-    gradients all-gathered. Forward and backward together then cost what
-    ``psum`` followed by ``rms_norm`` costs, whatever the method.
+    * ``"nvlink"`` (CUDA GPUs of one process): one kernel a device sums and
+      normalizes. Each device reads its 1/n of the rows from every device's
+      partial sum through peer access (NVLink), normalizes them, and writes
+      y into every device's output: the bytes of a ring all-reduce over
+      NVLink, and no separate norm pass. It needs peer access between the
+      GPUs, at most 8 devices in ``axis_name``, a hidden size that is a
+      whole number of 16-byte packs and at most 32 KB a row (16384 bf16,
+      8192 float32), and every device of the axis in this process; it raises
+      a ValueError otherwise. Under differentiation the forward is "psum"'s
+      (the backward needs the whole sum on every device). The devices wait
+      for each other inside the kernel; a wait of more than 20 s stops the
+      program with a CUDA error rather than hang. Peer access reaches
+      buffers of JAX's default allocator (and ``XLA_PYTHON_CLIENT_ALLOCATOR=
+      platform``), not those of a stream-ordered memory pool.
+    * ``"psum"``: the all-reduce, then every device normalizes every row.
+    * ``"scatter"``: the rows reduce-scattered (each device receives the sums
+      of 1/n of the rows), normalized where they land, and all-gathered: the
+      same bytes on the wire as the all-reduce, and 1/n of the norm's work
+      each.
+    * ``"auto"``: ``"nvlink"`` where it applies (lowered for CUDA, one
+      process, peer access between every pair of its GPUs, the default or
+      "platform" allocator, within the limits above), else ``"psum"``. After the matmul that makes the partial sums
+      (8192 x 8192 bf16 a device), the kernel took 0.62-0.66 ms against 0.77
+      for psum + norm on 2 H100s, and was level on 4 (0.89-0.93 against
+      0.91-0.93); from a program input, 0.43-0.47 against 0.68 and 0.71
+      against 0.83 (benchmarks/RESULTS.md, table 5).
+
+    Under differentiation (without ``scatter``) the forward saves the whole
+    sum: the cotangent of the (replicated) output is the same on every
+    device, so the backward then needs no communication at all, where the
+    scattered rows would need their gradients all-gathered.
 
     Args:
       partial_sum: ``(rows, ..., hidden)``, this device's partial sum.
@@ -590,8 +606,7 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
         shape with the first axis divided by the axis size (sequence
         parallelism), skipping the all-gather. The first axis must then be a
         multiple of the axis size.
-      method: ``"auto"``, ``"scatter"`` or ``"psum"`` (above): how the
-        forward without ``scatter`` communicates. The result is the same.
+      method: ``"auto"``, ``"nvlink"``, ``"psum"`` or ``"scatter"`` (above).
 
     Returns:
       ``rms_norm(psum(partial_sum, axis_name), gamma)``, or its
@@ -609,20 +624,52 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
                              f"axis size {n}, got shape {x.shape}")
         return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=eps,
                         zero_centered_gamma=zero_centered_gamma)
-    return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes,
-                            method == "scatter")
+    if method == "nvlink":
+        problem = _nvlink_problem(x, n)
+        if problem:
+            raise ValueError(f"method='nvlink' {problem}; use method='psum'")
+    elif method == "auto":
+        # The GPUs' one kernel where it applies (lowered for CUDA), else psum.
+        method = "auto" if not _nvlink_problem(x, n) and nvlink_available() else "psum"
+    if n == 1:  # nothing to sum
+        method = "psum"
+    return _all_reduce_norm(x, gamma, _Config(RMS, _check_eps(eps), bool(zero_centered_gamma)), axes, method)
 
 
-# all_reduce_rms_norm's methods ("auto" is "psum"; benchmarks/RESULTS.md, table 5).
-_ALL_REDUCE_METHODS = ("auto", "scatter", "psum")
+# all_reduce_rms_norm's methods (benchmarks/RESULTS.md, table 5).
+_ALL_REDUCE_METHODS = ("auto", "scatter", "psum", "nvlink")
+
+
+def _nvlink_problem(x, n):
+    """Why the "nvlink" kernel cannot take this call (None: it can)."""
+    row_bytes = x.shape[-1] * x.dtype.itemsize
+    if row_bytes % 16 or row_bytes > NVLINK_MAX_ROW_BYTES:
+        return (f"needs partial_sum's hidden size to be a multiple of {16 // x.dtype.itemsize} and at most "
+                f"{NVLINK_MAX_ROW_BYTES // x.dtype.itemsize} for {_dtype_name(x.dtype)}, got {x.shape[-1]}")
+    if n > NVLINK_MAX_DEVICES:
+        return f"sums over at most {NVLINK_MAX_DEVICES} devices, got an axis size of {n}"
+    return None
+
+
+def _nvlink_norm(x, gamma, cfg, axes):
+    g = _placeholder(x.dtype) if gamma is None else gamma
+    return all_reduce_norm_p.bind(x, g, axes=tuple(axes), eps=cfg.eps, zero_centered=cfg.zero_centered_gamma,
+                                  has_gamma=gamma is not None)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _all_reduce_norm(x, gamma, cfg, axes, scatter_rows):
+def _all_reduce_norm(x, gamma, cfg, axes, method):
     """Reduce-scatter the rows, normalize this device's share, all-gather
-    (or, without scatter_rows, all-reduce and normalize every row)."""
-    if not scatter_rows:  # the differentiated forward's own output
-        return _all_reduce_norm_fwd(x, gamma, cfg, axes, scatter_rows)[0]
+    ("scatter"); sum and normalize in one kernel ("nvlink"; "auto": that on
+    CUDA, psum elsewhere); or all-reduce and normalize every row ("psum")."""
+    if method == "nvlink":
+        return _nvlink_norm(x, gamma, cfg, axes)[0]
+    if method == "auto":
+        psum = lambda x, gamma: _all_reduce_norm_fwd(x, gamma, cfg, axes, "psum")[0]
+        return jax.lax.platform_dependent(x, gamma, default=psum,
+                                          cuda=lambda x, gamma: _nvlink_norm(x, gamma, cfg, axes)[0])
+    if method != "scatter":  # the differentiated forward's own output
+        return _all_reduce_norm_fwd(x, gamma, cfg, axes, method)[0]
     n = math.prod(jax.lax.axis_size(a) for a in axes)
     rows = x.reshape(-1, x.shape[-1])
     pad = -rows.shape[0] % n
@@ -634,14 +681,16 @@ def _all_reduce_norm(x, gamma, cfg, axes, scatter_rows):
     return out[: out.shape[0] - pad].reshape(x.shape)
 
 
-def _all_reduce_norm_fwd(x, gamma, cfg, axes, scatter_rows):
+def _all_reduce_norm_fwd(x, gamma, cfg, axes, method):
+    # Differentiated, every method all-reduces: the backward needs the whole
+    # sum on every device, which the "nvlink" kernel does not write.
     total = jax.lax.psum(x, axes)
     y, _, rstd = _forward(total, gamma, None, cfg)
     # An empty slice of x keeps its type (the mesh axes it varies over).
     return y, (x.reshape(-1)[:0], total, gamma, rstd)
 
 
-def _all_reduce_norm_bwd(cfg, axes, scatter_rows, res, dy):
+def _all_reduce_norm_bwd(cfg, axes, method, res, dy):
     x_type, total, gamma, rstd = res
     dx, dgamma, _ = _backward(dy, total, None, rstd, gamma, None, cfg)
     # psum's transpose: every device's partial sum gets the whole gradient.

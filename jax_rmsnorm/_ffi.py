@@ -33,13 +33,15 @@ except ImportError:  # pragma: no cover - depends on the build
 
 TARGETS = tuple(f"jrn_{kind}_norm_{op}" for kind in ("rms", "layer")
                 for op in ("fwd", "bwd", "stats", "grad_stats", "apply", "apply_fp8", "bwd_given",
-                           "fwd_fused", "bwd_add", "bwd_given_add"))
+                           "fwd_fused", "bwd_add", "bwd_given_add")) + ("jrn_all_reduce_rms_norm",)
 
 for _name, _capsule in _jax_rmsnorm_cpu.registrations().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 if _jax_rmsnorm_cuda is not None:
     for _name, _capsule in _jax_rmsnorm_cuda.registrations().items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+    for _name, _capsule in _jax_rmsnorm_cuda.own_registrations().items():  # CUDA-only targets
         jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
 
 

@@ -891,3 +891,90 @@ def _register(prim, family, abstract, batch):
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)
 _register(norm_bwd_p, "bwd", _bwd_abstract, _bwd_batch)
 _register(norm_stats_p, "stats", _stats_abstract, _stats_batch)
+
+
+# ---------------------------------------------------------------------------
+# all_reduce_rms_norm's "nvlink" method: one kernel a device sums the devices'
+# partial sums by reading its peers' memory, and normalizes the sum
+# (csrc/cuda/all_reduce_norm.cu). Inside shard_map; CUDA only. Its batching
+# rule takes the vmapped axis as rows; it has no sharding rule (a shard_map
+# body is already per device).
+
+# The limits of the kernel: devices a group, and bytes a row (512 threads of
+# four 16-byte packs).
+NVLINK_MAX_DEVICES = 8
+NVLINK_MAX_ROW_BYTES = 512 * 4 * 16
+
+all_reduce_norm_p = Primitive("jrn_all_reduce_rms_norm")
+all_reduce_norm_p.multiple_results = True
+
+
+def _all_reduce_abstract(x, gamma, *, axes, eps, zero_centered, has_gamma):
+    vma = _vma(x, gamma) - frozenset(axes)  # the same on every device of the group
+    return [_like(x, vma), _like(x, vma, shape=x.shape[:-1], dtype=np.float32)]
+
+
+def _all_reduce_batch(args, dims, **params):
+    x, gamma = args
+    if dims[1] is not None:
+        raise NotImplementedError("all_reduce_rms_norm(method='nvlink') under vmap takes one gamma for "
+                                  "every example; use method='psum' to vmap over gamma")
+    # Every row is summed and normalized on its own: the vmapped axis is one
+    # more row axis.
+    outs = all_reduce_norm_p.bind(jnp.moveaxis(x, dims[0], 0), gamma, **params)
+    return outs, [0] * len(outs)
+
+
+def _device_groups(ctx, axes):
+    """The devices that sum together, as rows of CUDA device ordinals in the
+    order of ``jax.lax.axis_index(axes)``: one row for each combination of
+    the other mesh axes."""
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    devices = getattr(mesh, "devices", None)
+    if devices is None:
+        raise ValueError("all_reduce_rms_norm(method='nvlink') must run inside shard_map over a mesh "
+                         "of concrete devices")
+    names = list(mesh.axis_names)
+    grid = np.moveaxis(np.asarray(devices), [names.index(a) for a in axes],
+                       list(range(-len(axes), 0)))
+    n = math.prod(grid.shape[-len(axes):])
+    flat = grid.reshape(-1, n)
+    here = jax.process_index()
+    if any(d.process_index != here for d in flat.flat):
+        raise ValueError("all_reduce_rms_norm(method='nvlink') needs every device of the summed axes "
+                         "in this process; use method='psum' across processes")
+    return np.asarray([[d.local_hardware_id for d in row] for row in flat], np.int64).reshape(-1), n
+
+
+def _all_reduce_lowering(ctx, x, gamma, *, axes, eps, zero_centered, has_gamma):
+    groups, n = _device_groups(ctx, axes)
+    return jax.ffi.ffi_lowering("jrn_all_reduce_rms_norm")(
+        ctx, x, gamma, groups=groups, n=np.int64(n), eps=np.float32(eps),
+        zero_centered_gamma=bool(zero_centered), has_gamma=bool(has_gamma))
+
+
+def _all_reduce_cpu_lowering(ctx, *args, **params):
+    raise ValueError("all_reduce_rms_norm(method='nvlink') runs on CUDA GPUs only (it reads the other "
+                     "GPUs' memory); use method='psum' or 'auto' on the CPU")
+
+
+# XLA_PYTHON_CLIENT_ALLOCATOR values whose buffers peer access reaches
+# (cuMemAlloc underneath); a stream-ordered pool's buffers it does not.
+_PEER_MAPPED_ALLOCATORS = ("", "default", "bfc", "platform")
+
+
+def nvlink_available() -> bool:
+    """Whether ``all_reduce_rms_norm(method="auto")`` may take the "nvlink"
+    kernel: one process, at least two GPUs, peer access between every pair,
+    and JAX's default (or "platform") allocator."""
+    import os
+    return (_ffi.cuda_built() and jax.process_count() == 1
+            and os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() in _PEER_MAPPED_ALLOCATORS
+            and _ffi._jax_rmsnorm_cuda.peer_access_everywhere())
+
+
+all_reduce_norm_p.def_abstract_eval(_all_reduce_abstract)
+batching.primitive_batchers[all_reduce_norm_p] = _all_reduce_batch
+mlir.register_lowering(all_reduce_norm_p, _all_reduce_cpu_lowering, platform="cpu")
+mlir.register_lowering(all_reduce_norm_p,
+                       _all_reduce_lowering if _ffi.cuda_built() else _no_cuda_lowering, platform="cuda")

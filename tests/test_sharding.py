@@ -411,6 +411,146 @@ def test_all_reduce_rms_norm_errors():
         jax.jit(bad_method)(jnp.ones((4, 8, 8), jnp.float32))
 
 
+# all_reduce_rms_norm(method="nvlink"): one kernel a GPU sums the partial sums
+# through peer access and normalizes. Each device's output holds rows that
+# other devices computed and wrote, so comparing every device's whole output
+# against the float64 reference checks every writer.
+NVLINK_CASES = [
+    # (devices, rows, hidden, dtype, gamma dtype or None, zero-centred)
+    (2, 1, 64, jnp.float32, jnp.float32, False),
+    (2, 7, 4096, jnp.bfloat16, jnp.bfloat16, False),
+    (2, 300, 8192, jnp.bfloat16, jnp.float32, True),
+    (2, 1000, 16384, jnp.bfloat16, jnp.bfloat16, False),
+    (2, 513, 8192, jnp.float32, None, False),
+    (2, 260, 1032, jnp.float16, jnp.float16, True),
+    (4, 3, 4096, jnp.bfloat16, jnp.bfloat16, False),
+    (4, 1001, 8192, jnp.bfloat16, jnp.bfloat16, False),
+    (4, 64, 2048, jnp.float16, jnp.float32, False),
+]
+
+
+def _nvlink_ref(parts, g, dtype, zero_centered):
+    # The kernel normalizes the sum as x's dtype holds it, as psum's result.
+    total = jnp.asarray(f64(parts).sum(0), jnp.float32).astype(dtype)
+    return ref_forward("rms", total, g, zero_centered=zero_centered)[0]
+
+
+@pytest.mark.parametrize("n,rows,hidden,dtype,gdtype,zc", NVLINK_CASES,
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_all_reduce_rms_norm_nvlink(platform, n, rows, hidden, dtype, gdtype, zc):
+    if platform == "cpu":
+        pytest.skip("a GPU method (the CPU's error is test_all_reduce_rms_norm_nvlink_errors)")
+    mesh = _mesh(platform, 1, n)
+    parts = random(rows * 7 + hidden, (n, rows, hidden), dtype, scale=2.0, offset=0.5)
+    g = None if gdtype is None else random(hidden, (hidden,), gdtype, offset=0.0 if zc else 1.0)
+    ref = _nvlink_ref(parts, g, dtype, zc)
+    spec = (P("model"), P())
+    norm = partial(jrn.all_reduce_rms_norm, axis_name="model", zero_centered_gamma=zc)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=P("model"))
+    def fused(p, g):
+        return norm(p[0], g, method="nvlink")[None]
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=P("model"))
+    def unfused(p, g):
+        return norm(p[0], g, method="psum")[None]
+
+    poison(platform, 2 * parts.nbytes)
+    got = fused(parts, g)
+    assert got.shape == parts.shape and got.dtype == dtype
+    for d in range(n):
+        assert_close(got[d], ref, dtype, f"device {d}'s y")
+    got2 = fused(parts, g)  # a second call: the barriers' counts go on
+    np.testing.assert_array_equal(f64(got2), f64(got))
+    if n == 2 or dtype == jnp.float32:
+        # Over more devices, psum of 16-bit partial sums rounds at each step
+        # of NCCL's ring: on 4 H100s one element of 8200192 (1001 x 8192,
+        # bf16) near zero read -0.043 there against -0.0215 here (and in the
+        # float64 reference above).
+        _close(got[0], unfused(parts, g)[0], dtype)
+
+    # Gradients (the differentiated forward also writes the sum, which the
+    # backward reads) against float64, from the cotangent the loss gives the
+    # kernel's own y: the n devices' copies of y each add theirs, rounded to
+    # y's dtype. (Against a jnp norm, a one-ulp difference in y moved the
+    # gradient of the loss's sin by up to 3% at a few elements.)
+    y0 = f64(got[0])
+    dy = jnp.asarray(n * (1.3 * np.cos(1.3 * y0) + 0.5 * y0), jnp.float32).astype(dtype)
+    total = jnp.asarray(f64(parts).sum(0), jnp.float32).astype(dtype)
+    dx_ref, dg_ref, _ = ref_backward("rms", dy, total, g, zero_centered=zc)
+    grads = jax.jit(jax.grad(lambda p, g: loss_of(fused(p, g).astype(jnp.float32)),
+                             (0, 1) if g is not None else 0))(parts, g)
+    dparts = grads[0] if g is not None else grads
+    for d in range(n):  # psum's transpose: every partial sum gets the whole gradient
+        assert_close(dparts[d], dx_ref, dtype, f"device {d}'s dpartial")
+    if g is not None:
+        assert_close(grads[1], dg_ref, dtype, "dgamma", scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
+
+
+def test_all_reduce_rms_norm_nvlink_groups_and_calls(platform):
+    """A 2 x 2 mesh summing over "model" (two groups of two GPUs), two calls of
+    different shapes in one program, and vmap (the vmapped axis as rows)."""
+    if platform == "cpu":
+        pytest.skip("a GPU method")
+    mesh = _mesh(platform, 2, 2)
+    a = random(31, (2, 2, 40, 4096), jnp.bfloat16)
+    b = random(32, (2, 2, 3, 5, 1024), jnp.bfloat16)
+    g = random(33, (4096,), jnp.bfloat16, offset=1.0)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("data", "model"), P("data", "model"), P()),
+             out_specs=(P("data", "model"), P("data", "model")))
+    def two(a, b, g):
+        y = jrn.all_reduce_rms_norm(a[0, 0], g, axis_name="model", method="nvlink")
+        z = jax.vmap(lambda r: jrn.all_reduce_rms_norm(r, None, axis_name="model", method="nvlink"))(b[0, 0])
+        return y[None, None], z[None, None]
+
+    y, z = two(a, b, g)
+    for i in range(2):
+        ry = _nvlink_ref(a[i], g, jnp.bfloat16, False)
+        rz = _nvlink_ref(b[i], None, jnp.bfloat16, False)
+        for j in range(2):
+            assert_close(y[i, j], ry, jnp.bfloat16, f"group {i}, device {j}: y")
+            assert_close(z[i, j], rz, jnp.bfloat16, f"group {i}, device {j}: z")
+
+
+def test_all_reduce_rms_norm_auto_takes_nvlink(platform):
+    """On GPUs with peer access, "auto" lowers the forward to the one kernel
+    (no all-reduce) and the differentiated forward to psum."""
+    from jax_rmsnorm._primitives import nvlink_available
+    if platform == "cpu" or not nvlink_available():
+        pytest.skip("needs GPUs with peer access")
+    mesh = _mesh(platform, 1, 2)
+    on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    fwd = on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"))
+    step = on_mesh(lambda p, g: jax.grad(
+        lambda p, g: jnp.sum(jrn.all_reduce_rms_norm(p, g, axis_name="model") ** 2), (0, 1))(p, g))
+    p, g = jnp.ones((2 * 16, 64), jnp.bfloat16), jnp.ones((64,), jnp.bfloat16)
+    text = jax.jit(fwd).lower(p, g).as_text()
+    assert "jrn_all_reduce_rms_norm" in text and "all_reduce" not in text.replace("jrn_all_reduce", "")
+    text = jax.jit(step).lower(p, g).as_text()
+    assert "jrn_all_reduce" not in text and "all_reduce" in text
+
+
+def test_all_reduce_rms_norm_nvlink_errors():
+    mesh = _mesh("cpu", 1, 4)
+
+    def run(x, **kw):
+        @partial(jax.shard_map, mesh=mesh, in_specs=P("model"), out_specs=P("model"))
+        def f(p):
+            return jrn.all_reduce_rms_norm(p[0], axis_name="model", method="nvlink", **kw)[None]
+        return jax.jit(f)(x)
+
+    with pytest.raises(ValueError, match="runs on CUDA GPUs only"):
+        run(jnp.ones((4, 8, 64), jnp.float32))
+    with pytest.raises(ValueError, match="hidden size to be a multiple of 8 .* got 100"):
+        run(jnp.ones((4, 8, 100), jnp.bfloat16))
+    with pytest.raises(ValueError, match="at most 8192 for float32, got 8196"):
+        run(jnp.ones((4, 2, 8196), jnp.float32))
+
+
 # ---------------------------------------------------------------------------
 # the fused variants under sharded jit: the residual add + norm and the FP8
 # outputs with a given per-tensor scale, per-row scales, or per-group scales

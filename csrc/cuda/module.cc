@@ -46,4 +46,19 @@ JRN_DEFINE_FUSED_HANDLERS(Cuda, ::jrn::CudaBackend,
                           ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>(),
                           cudaStream_t stream JRN_COMMA, stream JRN_COMMA);
 
-JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda, /* nothing of its own */)
+// all_reduce_rms_norm's "nvlink" method (all_reduce_norm.cu): CUDA only.
+XLA_FFI_DECLARE_HANDLER_SYMBOL(CudaAllReduceRmsNorm);
+namespace jrn::cuda {
+bool peer_access_everywhere();  // every pair of the visible GPUs, and at least two
+}
+
+namespace {
+nanobind::dict own_registrations() {
+  nanobind::dict d;
+  d["jrn_all_reduce_rms_norm"] = nanobind::capsule(reinterpret_cast<void*>(CudaAllReduceRmsNorm));
+  return d;
+}
+}  // namespace
+
+JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda, m.def("own_registrations" JRN_COMMA & own_registrations);
+              m.def("peer_access_everywhere" JRN_COMMA & ::jrn::cuda::peer_access_everywhere);)

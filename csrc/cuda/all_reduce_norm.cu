@@ -1,0 +1,415 @@
+// all_reduce_rms_norm's "nvlink" method: the sum over the devices of one
+// process of each device's partial sum, and the RMSNorm of that sum, in one
+// kernel per device that reads its peers' memory directly (NVLink / PCIe
+// peer access) instead of an all-reduce followed by a norm.
+//
+// Each device of the group owns a contiguous 1/n of the rows. For each of
+// its rows a CTA loads the row's partial sums from all n devices, adds them
+// in rank order in float32, rounds the sum to x's dtype (as psum's result
+// is), normalizes it, and writes y and rstd into every device's outputs.
+// Across the group, each partial sum is read once and each output row is
+// written once into each device: per device, as many bytes over NVLink as
+// a ring all-reduce sends, and no pass of a norm kernel after it.
+//
+// The devices meet at two barriers per call, kept in a small signal block
+// that each device of a group owns (allocated once, peer-accessible):
+// - start: CTA b of each device publishes its buffers' addresses and raises
+//   its flag on every peer; it goes on once every peer's CTA b has. The
+//   partial sums of all peers are then complete (written by kernels before
+//   this one on their streams) and their addresses known.
+// - end: after its rows are written, CTA b raises its end flag on every peer
+//   and waits for theirs. A device's kernel thus ends only when no peer
+//   still reads its partial sums or writes its outputs.
+// Flags hold a per-CTA call count (the epoch), so they never need
+// resetting. Every device must run the same calls with the same rows (SPMD,
+// as inside shard_map), and CTA b of every device must be resident at once:
+// the grid is at most what fits the SMs at once. A wait longer than kWaitNs
+// traps (a CUDA error in the program) rather than hang.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device_utils.cuh"
+
+namespace jrn::cuda {
+namespace {
+
+constexpr int kMaxRanks = 8;
+constexpr int kMaxCtas = 1024;  // resident CTAs of one device, at most
+constexpr int kItems = 4;      // packs a thread
+constexpr int kMaxThreads = 512;  // hidden up to 512 * kItems packs (16384 in bf16)
+constexpr unsigned long long kWaitNs = 20ull * 1000 * 1000 * 1000;
+
+// A device's buffers for one call, as its peers see them.
+struct Buffers {
+  const void* x;
+  void* y;
+  float* rstd;
+};
+
+// One device's signal block (device memory, zeroed once).
+struct Signals {
+  unsigned start[kMaxCtas][kMaxRanks];
+  unsigned end[kMaxCtas][kMaxRanks];
+  unsigned epoch[kMaxCtas];  // calls CTA b of this device has finished
+  Buffers bufs;
+};
+
+struct Group {
+  int n = 0;
+  int sms = 0;  // of each device
+  Signals* sig[kMaxRanks] = {};
+};
+
+struct ArArgs {
+  Signals* sig[kMaxRanks];  // every rank's signal block, by rank
+  Buffers mine;
+  const void* gamma;
+  int64_t rows;
+  int hidden;
+  int rank, n;
+  float eps;
+  bool zero_centered;
+};
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void store_release_sys(unsigned* p, unsigned v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Thread t < n raises flag[blockIdx.x][rank] on rank t to `epoch`, then
+// waits for flag[blockIdx.x][t] of its own block to reach it; then the CTA
+// meets. Prior writes of the whole CTA are ordered before the flags.
+__device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxRanks], unsigned epoch) {
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < a.n) {
+    __threadfence_system();
+    store_release_sys(&(a.sig[t]->*flags)[blockIdx.x][a.rank], epoch);
+    const unsigned* mine = &(a.sig[a.rank]->*flags)[blockIdx.x][t];
+    const unsigned long long t0 = global_ns();
+    while (static_cast<int>(load_acquire_sys(mine) - epoch) < 0) {
+      if (global_ns() - t0 > kWaitNs) {
+        printf("jax_rmsnorm: all_reduce_rms_norm (nvlink): rank %d waited 20 s for rank %d; trapping\n",
+               a.rank, t);
+        __trap();
+      }
+    }
+  }
+  __syncthreads();
+}
+
+template <class T, class P>
+__global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
+  constexpr int VEC = 16 / sizeof(T);
+  using V = Pack<T, VEC>;
+  __shared__ float smem[kRowSumSmem];
+  __shared__ Buffers peer[kMaxRanks];
+  __shared__ unsigned epoch_s;
+  const int t = static_cast<int>(threadIdx.x);
+  Signals* own = a.sig[a.rank];
+  if (t == 0) {
+    epoch_s = own->epoch[blockIdx.x] + 1;
+    own->bufs = a.mine;  // the same values from every CTA of this call
+  }
+  __syncthreads();
+  const unsigned epoch = epoch_s;
+  meet(a, &Signals::start, epoch);
+  if (t < a.n) {
+    const volatile Buffers* b = &a.sig[t]->bufs;
+    peer[t] = Buffers{b->x, b->y, b->rstd};
+  }
+  __syncthreads();
+
+  const int nvec = a.hidden / VEC;
+  const int64_t lo = a.rows * a.rank / a.n, hi = a.rows * (a.rank + 1) / a.n;
+  for (int64_t row = lo + blockIdx.x; row < hi; row += gridDim.x) {
+    const int64_t at = row * a.hidden;
+    float v[kItems][VEC];
+    float ss[1] = {0.f};
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int p = t + i * static_cast<int>(blockDim.x);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+      if (p >= nvec) continue;
+      V raw[kMaxRanks];
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        if (r < a.n) {
+          const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(peer[r].x) + at) + p;
+          *reinterpret_cast<uint4*>(&raw[r]) = __ldcg(src);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        if (r < a.n) {
+          float f[VEC];
+          unpack(raw[r], f);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[i][j] += f[j];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] = to_float(from_float<T>(v[i][j]));  // the sum as x's dtype holds it
+        ss[0] += v[i][j] * v[i][j];
+      }
+    }
+    row_sum<1>(ss, smem);
+    const float rstd = rsqrtf(ss[0] / static_cast<float>(a.hidden) + a.eps);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int p = t + i * static_cast<int>(blockDim.x);
+      if (p >= nvec) continue;
+      float y[VEC];
+      float s[VEC];
+      load_scale<VEC>(static_cast<const P*>(a.gamma), static_cast<int64_t>(p) * VEC, a.zero_centered, s);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) y[j] = v[i][j] * rstd * s[j];
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        if (r < a.n) store_pack<VEC>(static_cast<T*>(peer[r].y) + at + static_cast<int64_t>(p) * VEC, y);
+      }
+    }
+    if (t < a.n) peer[t].rstd[row] = rstd;
+  }
+
+  meet(a, &Signals::end, epoch);
+  if (t == 0) own->epoch[blockIdx.x] = epoch;
+}
+
+std::mutex groups_mu;
+std::map<std::vector<int>, Group>& groups() {
+  static auto* g = new std::map<std::vector<int>, Group>;
+  return *g;
+}
+
+// Restores the calling thread's current device when it goes out of scope.
+struct DeviceGuard {
+  int dev = -1;
+  DeviceGuard() { cudaGetDevice(&dev); }
+  ~DeviceGuard() {
+    if (dev >= 0) cudaSetDevice(dev);
+  }
+};
+
+ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
+  const int n = static_cast<int>(ordinals.size());
+  DeviceGuard guard;
+  Group g;
+  g.n = n;
+  int sms = -1;
+  for (int i = 0; i < n; ++i) {
+    const int d = ordinals[i];
+    cudaError_t e = cudaSetDevice(d);
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaSetDevice");
+    int count = 0;
+    e = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, d);
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaDeviceGetAttribute");
+    if (sms >= 0 && count != sms)
+      return ffi::Error::InvalidArgument(
+          "jax_rmsnorm: all_reduce_rms_norm(method='nvlink') needs GPUs of one kind; device " + std::to_string(d) +
+          " has " + std::to_string(count) + " SMs, device " + std::to_string(ordinals[0]) + " " +
+          std::to_string(sms));
+    sms = count;
+    for (int j = 0; j < n; ++j) {
+      if (j == i) continue;
+      int can = 0;
+      e = cudaDeviceCanAccessPeer(&can, d, ordinals[j]);
+      if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaDeviceCanAccessPeer");
+      if (!can)
+        return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm(method='nvlink'): device " +
+                                           std::to_string(d) + " cannot access device " +
+                                           std::to_string(ordinals[j]) +
+                                           "'s memory (no peer access); use method='psum'");
+      e = cudaDeviceEnablePeerAccess(ordinals[j], 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // clears it
+      } else if (e != cudaSuccess) {
+        return cuda_error(e, "all_reduce_rms_norm: cudaDeviceEnablePeerAccess");
+      }
+    }
+    void* p = nullptr;
+    e = cudaMalloc(&p, sizeof(Signals));
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaMalloc (signals)");
+    cudaStream_t s;
+    e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaStreamCreate");
+    e = cudaMemsetAsync(p, 0, sizeof(Signals), s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaMemset (signals)");
+    g.sig[i] = static_cast<Signals*>(p);
+  }
+  g.sms = sms;
+  *out = g;
+  return ffi::Error::Success();
+}
+
+// CTAs of `kernel` in `threads` that fit an SM, asked once per kernel and
+// size (every device of a group is of one kind, so each gets the same
+// grid). Two CTAs an SM where they fit (rows of 8192 bf16: 256 threads)
+// against one: 4 H100s, 8192 x 8192 bf16 a device, 0.706 against 0.722 ms
+// from an input (RESULTS.md table 5).
+template <class Kernel>
+ffi::Error ctas_per_sm(Kernel kernel, int threads, int* out) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = known.try_emplace({reinterpret_cast<const void*>(kernel), threads}, 1);
+  if (fresh) {
+    int fit = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, 0);
+    if (e != cudaSuccess) {
+      known.erase(it);
+      return cuda_error(e, "all_reduce_rms_norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    }
+    it->second = std::max(fit, 1);
+  }
+  *out = it->second;
+  return ffi::Error::Success();
+}
+
+template <class T, class P>
+ffi::Error launch(cudaStream_t stream, const Group& g, const ArArgs& a) {
+  const int nvec = a.hidden / (16 / static_cast<int>(sizeof(T)));
+  int threads = 32;
+  while (threads * kItems < nvec) threads *= 2;
+  if (threads > kMaxThreads) return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: hidden too large");
+  auto kernel = all_reduce_rms<T, P>;
+  int per_sm = 1;
+  JRN_RETURN_IF_ERROR(ctas_per_sm(kernel, threads, &per_sm));
+  // Every CTA must be resident at once (they wait for their peers').
+  const int64_t per_rank = (a.rows + a.n - 1) / a.n;
+  const int64_t most = std::min<int64_t>(static_cast<int64_t>(g.sms) * per_sm, kMaxCtas);
+  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(most, per_rank));
+  kernel<<<ctas, threads, 0, stream>>>(a);
+  return check_launch("all_reduce_rms_norm (nvlink)");
+}
+
+// This device's rank and group in `group_table` (rows of n device
+// ordinals, rank order), the group set up on first use.
+ffi::Error find_group(int32_t device, ffi::Span<const int64_t> group_table, int64_t n, Group* g, int* rank) {
+  if (n < 2 || n > kMaxRanks || group_table.size() % n != 0)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: bad device groups");
+  std::vector<int> mine;
+  *rank = -1;
+  for (size_t row = 0; row < group_table.size() / n && *rank < 0; ++row) {
+    for (int r = 0; r < n; ++r) {
+      if (group_table[row * n + r] == device) {
+        *rank = r;
+        for (int k = 0; k < n; ++k) mine.push_back(static_cast<int>(group_table[row * n + k]));
+        break;
+      }
+    }
+  }
+  if (*rank < 0)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: device " + std::to_string(device) +
+                                       " is in none of the groups");
+  std::lock_guard<std::mutex> lock(groups_mu);
+  auto it = groups().find(mine);
+  if (it == groups().end()) {
+    JRN_RETURN_IF_ERROR(setup_group(mine, g));
+    groups()[mine] = *g;
+  } else {
+    *g = it->second;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// The handler: x (rows..., hidden) this device's partial sum, gamma
+// (hidden,) or a placeholder; y like x and rstd (rows...) float32, each the
+// whole result on every device. `groups`: rows of n device ordinals in rank
+// order, one row for each group that sums together.
+ffi::Error all_reduce_rms_norm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer gamma_buf,
+                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> rstd,
+                               ffi::Span<const int64_t> group_table, int64_t n, float eps, bool zero_centered,
+                               bool has_gamma) {
+  const ffi::AnyBuffer* gamma = has_gamma ? &gamma_buf : nullptr;
+  Group g;
+  int rank = 0;
+  JRN_RETURN_IF_ERROR(find_group(device, group_table, n, &g, &rank));
+  const auto dims = x.dimensions();
+  const int64_t hidden = dims.size() == 0 ? 1 : dims.back();
+  const int64_t rows = hidden ? static_cast<int64_t>(x.element_count()) / hidden : 0;
+  if (rows == 0) return ffi::Error::Success();  // the same on every device: none launches
+  ArArgs a{};
+  for (int r = 0; r < n; ++r) a.sig[r] = g.sig[r];
+  a.mine = Buffers{x.untyped_data(), y->untyped_data(), static_cast<float*>(rstd->untyped_data())};
+  a.gamma = gamma ? gamma->untyped_data() : nullptr;
+  a.rows = rows;
+  a.hidden = static_cast<int>(hidden);
+  a.rank = rank;
+  a.n = static_cast<int>(n);
+  a.eps = eps;
+  a.zero_centered = zero_centered;
+  const bool f32_gamma = gamma && gamma->element_type() == ffi::DataType::F32;
+  switch (x.element_type()) {
+    case ffi::DataType::BF16:
+      return f32_gamma ? launch<__nv_bfloat16, float>(stream, g, a)
+                       : launch<__nv_bfloat16, __nv_bfloat16>(stream, g, a);
+    case ffi::DataType::F16:
+      return f32_gamma ? launch<__half, float>(stream, g, a) : launch<__half, __half>(stream, g, a);
+    case ffi::DataType::F32:
+      return launch<float, float>(stream, g, a);
+    default:
+      return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: x must be float32, bfloat16 or float16");
+  }
+}
+
+// Whether every pair of the visible GPUs has peer access, and there are at
+// least two (all_reduce_rms_norm's "auto" takes the kernel only then).
+bool peer_access_everywhere() {
+  static const bool ok = [] {
+    DeviceGuard guard;
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    for (int i = 0; i < count; ++i) {
+      for (int j = 0; j < count; ++j) {
+        int can = 0;
+        if (i != j && (cudaDeviceCanAccessPeer(&can, i, j) != cudaSuccess || !can)) {
+          cudaGetLastError();
+          return false;
+        }
+      }
+    }
+    return count >= 2;
+  }();
+  return ok;
+}
+
+}  // namespace jrn::cuda
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CudaAllReduceRmsNorm, ::jrn::cuda::all_reduce_rms_norm,
+                              ::xla::ffi::Ffi::Bind()
+                                  .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<::xla::ffi::DeviceOrdinal>()
+                                  .Arg<::xla::ffi::AnyBuffer>()
+                                  .Arg<::xla::ffi::AnyBuffer>()
+                                  .Ret<::xla::ffi::AnyBuffer>()
+                                  .Ret<::xla::ffi::AnyBuffer>()
+                                  .Attr<::xla::ffi::Span<const int64_t>>("groups")
+                                  .Attr<int64_t>("n")
+                                  .Attr<float>("eps")
+                                  .Attr<bool>("zero_centered_gamma")
+                                  .Attr<bool>("has_gamma"));
