@@ -579,7 +579,9 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
       for each other inside the kernel; a wait of more than 20 s stops the
       program with a CUDA error rather than hang. Peer access reaches
       buffers of JAX's default allocator (and ``XLA_PYTHON_CLIENT_ALLOCATOR=
-      platform``), not those of a stream-ordered memory pool.
+      platform``), not those of a stream-ordered memory pool. The kernel's
+      call names the devices it was lowered for: a program exported with
+      ``jax.export`` runs it only on those (``"auto"`` exports ``"psum"``).
     * ``"psum"``: the all-reduce, then every device normalizes every row.
     * ``"scatter"``: the rows reduce-scattered (each device receives the sums
       of 1/n of the rows), normalized where they land, and all-gathered: the
@@ -587,7 +589,8 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
       each.
     * ``"auto"``: ``"nvlink"`` where it applies (lowered for CUDA, one
       process, peer access between every pair of its GPUs, the default or
-      "platform" allocator, within the limits above), else ``"psum"``. After the matmul that makes the partial sums
+      "platform" allocator, within the limits above, not exported with
+      ``jax.export``), else ``"psum"``. After the matmul that makes the partial sums
       (8192 x 8192 bf16 a device), the kernel took 0.62-0.66 ms against 0.77
       for psum + norm on 2 H100s, and was level on 4 (0.89-0.93 against
       0.91-0.93); from a program input, 0.43-0.47 against 0.68 and 0.71
@@ -651,10 +654,10 @@ def _nvlink_problem(x, n):
     return None
 
 
-def _nvlink_norm(x, gamma, cfg, axes):
+def _nvlink_norm(x, gamma, cfg, axes, fallback):
     g = _placeholder(x.dtype) if gamma is None else gamma
     return all_reduce_norm_p.bind(x, g, axes=tuple(axes), eps=cfg.eps, zero_centered=cfg.zero_centered_gamma,
-                                  has_gamma=gamma is not None)
+                                  has_gamma=gamma is not None, fallback=fallback)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -662,12 +665,8 @@ def _all_reduce_norm(x, gamma, cfg, axes, method):
     """Reduce-scatter the rows, normalize this device's share, all-gather
     ("scatter"); sum and normalize in one kernel ("nvlink"; "auto": that on
     CUDA, psum elsewhere); or all-reduce and normalize every row ("psum")."""
-    if method == "nvlink":
-        return _nvlink_norm(x, gamma, cfg, axes)[0]
-    if method == "auto":
-        psum = lambda x, gamma: _all_reduce_norm_fwd(x, gamma, cfg, axes, "psum")[0]
-        return jax.lax.platform_dependent(x, gamma, default=psum,
-                                          cuda=lambda x, gamma: _nvlink_norm(x, gamma, cfg, axes)[0])
+    if method in ("nvlink", "auto"):  # "auto": psum + norm where lowered for the CPU, or exported
+        return _nvlink_norm(x, gamma, cfg, axes, fallback=method == "auto")[0]
     if method != "scatter":  # the differentiated forward's own output
         return _all_reduce_norm_fwd(x, gamma, cfg, axes, method)[0]
     n = math.prod(jax.lax.axis_size(a) for a in axes)

@@ -896,9 +896,11 @@ _register(norm_stats_p, "stats", _stats_abstract, _stats_batch)
 # ---------------------------------------------------------------------------
 # all_reduce_rms_norm's "nvlink" method: one kernel a device sums the devices'
 # partial sums by reading its peers' memory, and normalizes the sum
-# (csrc/cuda/all_reduce_norm.cu). Inside shard_map; CUDA only. Its batching
-# rule takes the vmapped axis as rows; it has no sharding rule (a shard_map
-# body is already per device).
+# (csrc/cuda/all_reduce_norm.cu). Inside shard_map. With ``fallback``
+# ("auto") it lowers to psum + norm on the CPU and wherever the kernel's call
+# could not name its devices; without, it runs on CUDA GPUs only. Its
+# batching rule takes the vmapped axis as rows; it has no sharding rule (a
+# shard_map body is already per device).
 
 # The limits of the kernel: devices a group, and bytes a row (512 threads of
 # four 16-byte packs).
@@ -909,7 +911,7 @@ all_reduce_norm_p = Primitive("jrn_all_reduce_rms_norm")
 all_reduce_norm_p.multiple_results = True
 
 
-def _all_reduce_abstract(x, gamma, *, axes, eps, zero_centered, has_gamma):
+def _all_reduce_abstract(x, gamma, *, axes, eps, zero_centered, has_gamma, fallback):
     vma = _vma(x, gamma) - frozenset(axes)  # the same on every device of the group
     return [_like(x, vma), _like(x, vma, shape=x.shape[:-1], dtype=np.float32)]
 
@@ -946,16 +948,35 @@ def _device_groups(ctx, axes):
     return np.asarray([[d.local_hardware_id for d in row] for row in flat], np.int64).reshape(-1), n
 
 
-def _all_reduce_lowering(ctx, x, gamma, *, axes, eps, zero_centered, has_gamma):
+def _all_reduce_psum(x, gamma, *, axes, eps, zero_centered, has_gamma, fallback):
+    """What the kernel computes, as psum + the norm of every row: the
+    primitive's lowering where the kernel cannot run and ``fallback`` is set
+    (``method="auto"``)."""
+    y, _, rstd = norm_fwd(jax.lax.psum(x, axes), gamma, gamma, kind=RMS, eps=eps,
+                          zero_centered_gamma=zero_centered, has_gamma=has_gamma, has_beta=False)
+    return [y, rstd]
+
+
+def _all_reduce_lowering(ctx, x, gamma, **params):
+    """The kernel, or with ``fallback`` psum + norm where the kernel's call
+    could not name its devices: an exported program (it may run on other
+    devices than those it was lowered for) or a mesh without devices."""
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    portable = ctx.module_context.lowering_parameters.for_export or getattr(mesh, "devices", None) is None
+    if params["fallback"] and portable:
+        return mlir.lower_fun(partial(_all_reduce_psum, **params), multiple_results=True)(ctx, x, gamma)
+    axes, eps, zero_centered, has_gamma = (params[k] for k in ("axes", "eps", "zero_centered", "has_gamma"))
     groups, n = _device_groups(ctx, axes)
     return jax.ffi.ffi_lowering("jrn_all_reduce_rms_norm")(
         ctx, x, gamma, groups=groups, n=np.int64(n), eps=np.float32(eps),
         zero_centered_gamma=bool(zero_centered), has_gamma=bool(has_gamma))
 
 
-def _all_reduce_cpu_lowering(ctx, *args, **params):
-    raise ValueError("all_reduce_rms_norm(method='nvlink') runs on CUDA GPUs only (it reads the other "
-                     "GPUs' memory); use method='psum' or 'auto' on the CPU")
+def _all_reduce_cpu_lowering(ctx, x, gamma, **params):
+    if not params["fallback"]:
+        raise ValueError("all_reduce_rms_norm(method='nvlink') runs on CUDA GPUs only (it reads the other "
+                         "GPUs' memory); use method='psum' or 'auto' on the CPU")
+    return mlir.lower_fun(partial(_all_reduce_psum, **params), multiple_results=True)(ctx, x, gamma)
 
 
 # XLA_PYTHON_CLIENT_ALLOCATOR values whose buffers peer access reaches

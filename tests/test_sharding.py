@@ -534,6 +534,51 @@ def test_all_reduce_rms_norm_auto_takes_nvlink(platform):
     assert "jrn_all_reduce" not in text and "all_reduce" in text
 
 
+def test_all_reduce_rms_norm_auto_fallback(monkeypatch):
+    """Where the kernel applies but the program is lowered for the CPU, or
+    exported, "auto" lowers to psum + rms_norm (the same bits as "psum")."""
+    monkeypatch.setattr(jrn._api, "nvlink_available", lambda: True)
+    mesh = _mesh("cpu", 2, 2)
+    on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("data", "model"), P()), out_specs=P("data", "model"))
+    norm = lambda method: jax.jit(on_mesh(lambda p, g: jrn.all_reduce_rms_norm(
+        p[0, 0], g, axis_name="model", method=method)[None, None]))
+    parts = random(41, (2, 2, 12, 64), jnp.bfloat16)
+    g = random(42, (64,), jnp.bfloat16, offset=1.0)
+    np.testing.assert_array_equal(f64(norm("auto")(parts, g)), f64(norm("psum")(parts, g)))
+    vmapped = jax.jit(on_mesh(lambda p, g: jax.vmap(lambda r: jrn.all_reduce_rms_norm(r, g, axis_name="model"))(
+        p[0, 0].reshape(3, 4, 64)).reshape(12, 64)[None, None]))
+    np.testing.assert_array_equal(f64(vmapped(parts, g)), f64(norm("psum")(parts, g)))
+    if not jrn._ffi.cuda_built():
+        return
+    from jax import export
+    kernel = "custom_call @jrn_all_reduce_rms_norm"
+    for platforms in [("cuda",), ("cuda", "cpu")]:
+        exported = export.export(norm("auto"), platforms=platforms, disabled_checks=jrn.export_checks())(parts, g)
+        assert kernel not in exported.mlir_module(), platforms  # portable: psum
+    lowered = norm("auto").trace(parts, g).lower(lowering_platforms=("cuda",)).as_text()
+    assert kernel in lowered
+
+
+def test_all_reduce_rms_norm_nvlink_groups_attribute():
+    """The kernel's call names its groups by device ordinal, in the order of
+    axis_index: a 2 x 2 mesh summing over "model" is two groups of the
+    devices of one "data" index; over "data", the other way; over both, one
+    group. Lowered for CUDA on any machine (no GPU needed)."""
+    if not jrn._ffi.cuda_built():
+        pytest.skip("built without the CUDA module")
+    mesh = _mesh("cpu", 2, 2)
+    ids = np.vectorize(lambda d: d.local_hardware_id)(mesh.devices)
+    on_mesh = partial(jax.shard_map, mesh=mesh, in_specs=(P("data", "model"), P()), out_specs=P("data", "model"))
+    parts, g = jnp.ones((2, 2, 4, 64), jnp.bfloat16), jnp.ones((64,), jnp.bfloat16)
+    for axes, want in [("model", ids), ("data", ids.T), (("data", "model"), ids.reshape(1, 4))]:
+        f = jax.jit(on_mesh(lambda p, g: jrn.all_reduce_rms_norm(p[0, 0], g, axis_name=axes,
+                                                                   method="nvlink")[None, None]))
+        text = f.trace(parts, g).lower(lowering_platforms=("cuda",)).as_text()
+        found = re.search(r"groups = dense<\[([0-9, ]+)\]>", text)
+        assert found, text
+        assert [int(v) for v in found.group(1).split(",")] == list(want.reshape(-1)), (axes, found.group(0))
+
+
 def test_all_reduce_rms_norm_nvlink_errors():
     mesh = _mesh("cpu", 1, 4)
 
