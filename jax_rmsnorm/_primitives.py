@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from functools import partial
 from typing import Optional
 
@@ -988,7 +989,6 @@ def nvlink_available() -> bool:
     """Whether ``all_reduce_rms_norm(method="auto")`` may take the "nvlink"
     kernel: one process, at least two GPUs, peer access between every pair,
     and JAX's default (or "platform") allocator."""
-    import os
     return (_ffi.cuda_built() and jax.process_count() == 1
             and os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() in _PEER_MAPPED_ALLOCATORS
             and _ffi._jax_rmsnorm_cuda.peer_access_everywhere())
