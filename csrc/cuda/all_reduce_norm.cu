@@ -104,8 +104,8 @@ __device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxR
     const unsigned long long t0 = global_ns();
     while (static_cast<int>(load_acquire_sys(mine) - epoch) < 0) {
       if (global_ns() - t0 > kWaitNs) {
-        printf("jax_rmsnorm: all_reduce_rms_norm (nvlink): rank %d waited 20 s for rank %d; trapping\n",
-               a.rank, t);
+        printf("jax_rmsnorm: all_reduce_rms_norm (nvlink): rank %d waited %llu s for rank %d; trapping\n",
+               a.rank, kWaitNs / 1000000000ull, t);
         __trap();
       }
     }
@@ -378,7 +378,6 @@ ffi::Error all_reduce_rms_norm(cudaStream_t stream, int32_t device, ffi::AnyBuff
 // least two (all_reduce_rms_norm's "auto" takes the kernel only then).
 bool peer_access_everywhere() {
   static const bool ok = [] {
-    DeviceGuard guard;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
       cudaGetLastError();
