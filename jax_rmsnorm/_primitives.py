@@ -928,17 +928,15 @@ def _all_reduce_batch(args, dims, **params):
     return outs, [0] * len(outs)
 
 
-def _device_groups(ctx, axes):
-    """The devices that sum together, as rows of CUDA device ordinals in the
-    order of ``jax.lax.axis_index(axes)``: one row for each combination of
-    the other mesh axes."""
-    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-    devices = getattr(mesh, "devices", None)
-    if devices is None:
+def _device_groups(mesh, axes):
+    """The devices of ``mesh`` that sum together, as rows of CUDA device
+    ordinals in the order of ``jax.lax.axis_index(axes)``: one row for each
+    combination of the other mesh axes."""
+    if getattr(mesh, "devices", None) is None:
         raise ValueError("all_reduce_rms_norm(method='nvlink') must run inside shard_map over a mesh "
                          "of concrete devices")
     names = list(mesh.axis_names)
-    grid = np.moveaxis(np.asarray(devices), [names.index(a) for a in axes],
+    grid = np.moveaxis(np.asarray(mesh.devices), [names.index(a) for a in axes],
                        list(range(-len(axes), 0)))
     n = math.prod(grid.shape[-len(axes):])
     flat = grid.reshape(-1, n)
@@ -958,26 +956,30 @@ def _all_reduce_psum(x, gamma, *, axes, eps, zero_centered, has_gamma, fallback)
     return [y, rstd]
 
 
-def _all_reduce_lowering(ctx, x, gamma, **params):
+def _all_reduce_lowering(ctx, x, gamma, *, axes, eps, zero_centered, has_gamma, fallback):
     """The kernel, or with ``fallback`` psum + norm where the kernel's call
     could not name its devices: an exported program (it may run on other
     devices than those it was lowered for) or a mesh without devices."""
     mesh = getattr(ctx.module_context.axis_context, "mesh", None)
     portable = ctx.module_context.lowering_parameters.for_export or getattr(mesh, "devices", None) is None
-    if params["fallback"] and portable:
-        return mlir.lower_fun(partial(_all_reduce_psum, **params), multiple_results=True)(ctx, x, gamma)
-    axes, eps, zero_centered, has_gamma = (params[k] for k in ("axes", "eps", "zero_centered", "has_gamma"))
-    groups, n = _device_groups(ctx, axes)
+    if fallback and portable:
+        return _psum_lowering(ctx, x, gamma, axes=axes, eps=eps, zero_centered=zero_centered,
+                              has_gamma=has_gamma, fallback=fallback)
+    groups, n = _device_groups(mesh, axes)
     return jax.ffi.ffi_lowering("jrn_all_reduce_rms_norm")(
         ctx, x, gamma, groups=groups, n=np.int64(n), eps=np.float32(eps),
         zero_centered_gamma=bool(zero_centered), has_gamma=bool(has_gamma))
+
+
+def _psum_lowering(ctx, x, gamma, **params):
+    return mlir.lower_fun(partial(_all_reduce_psum, **params), multiple_results=True)(ctx, x, gamma)
 
 
 def _all_reduce_cpu_lowering(ctx, x, gamma, **params):
     if not params["fallback"]:
         raise ValueError("all_reduce_rms_norm(method='nvlink') runs on CUDA GPUs only (it reads the other "
                          "GPUs' memory); use method='psum' or 'auto' on the CPU")
-    return mlir.lower_fun(partial(_all_reduce_psum, **params), multiple_results=True)(ctx, x, gamma)
+    return _psum_lowering(ctx, x, gamma, **params)
 
 
 # XLA_PYTHON_CLIENT_ALLOCATOR values whose buffers peer access reaches
