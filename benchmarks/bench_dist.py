@@ -25,6 +25,7 @@ matmul that makes the partial sums.
     python benchmarks/bench_dist.py --rows 8192 --hidden 4096 --devices 2
     python benchmarks/bench_dist.py --devices 4 --pieces-only   # one GPU: one device's kernels of 4
     python benchmarks/bench_dist.py --all-reduce-only
+    python benchmarks/bench_dist.py --all-reduce-only --ar-rows 1 16 256 --ar-chain 32   # decode-time latency
     python benchmarks/bench_dist.py --add-only         # only the residual add + norm table
     python benchmarks/bench_dist.py --kernels          # device time of each kernel (profiler trace)
 """
@@ -189,7 +190,10 @@ def add_table(devices, xs, dys, g, args):
 def kernel_times(programs, calls=10):
     """Device time per call of each kernel of each program on the first GPU,
     read from a jax.profiler trace: where the hidden layout's time goes
-    (ours against XLA's fusions), the collectives included."""
+    (ours against XLA's fusions), the collectives included. Then, for every
+    GPU, the share of the traced span its streams spent in kernels: near
+    100% on every GPU means the kernels' own time sets the pace, a low share
+    on some GPU that it waited for its launches (the host sets the pace)."""
     import collections
     import glob
     import tempfile
@@ -202,7 +206,15 @@ def kernel_times(programs, calls=10):
             jax.block_until_ready(out)
         (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
         total = collections.Counter()
+        busy = {}
         for plane in jax.profiler.ProfileData.from_file(path).planes:
+            if ":GPU:" not in plane.name and not plane.name.endswith("GPU:0"):
+                continue
+            spans = [(ev.start_ns, ev.start_ns + ev.duration_ns) for line in plane.lines
+                     if line.name.startswith("Stream") for ev in line.events]
+            if spans:
+                first, last = min(b for b, _ in spans), max(e for _, e in spans)
+                busy[plane.name.rsplit("/", 1)[-1]] = (sum(e - b for b, e in spans), last - first)
             if plane.name.endswith("GPU:0"):
                 for line in plane.lines:
                     if line.name.startswith("Stream"):
@@ -213,6 +225,8 @@ def kernel_times(programs, calls=10):
         print(f"\n{name}: {sum(total.values()) / calls / 1e3:.1f} µs of kernels a call")
         for kernel, ns in total.most_common(8):
             print(f"  {ns / calls / 1e3:8.1f} µs  {kernel[:100]}")
+        print("  in kernels: " + ", ".join(f"{gpu} {k / span:.0%} of {span / calls / 1e3:.1f} µs a call"
+                                           for gpu, (k, span) in sorted(busy.items())))
 
 
 def main():
@@ -221,7 +235,11 @@ def main():
                     help="rows of x, all devices together (default: 16384 a device, so that each device's "
                          "share stays far above L2 and a program's time is its kernels', not its launch)")
     ap.add_argument("--hidden", type=int, default=8192)
-    ap.add_argument("--ar-rows", type=int, default=8192, help="rows of each device's partial sum")
+    ap.add_argument("--ar-rows", type=int, nargs="+", default=[8192],
+                    help="rows of each device's partial sum (several: one all-reduce table each)")
+    ap.add_argument("--ar-chain", type=int, default=0,
+                    help="time all_reduce_rms_norm as N steps in one program, each step's y the next "
+                         "step's partial sum (decode-time latency without a launch per call)")
     ap.add_argument("--devices", type=int, default=0, help="how many devices (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
@@ -230,7 +248,8 @@ def main():
     ap.add_argument("--all-reduce-only", action="store_true", help="only the all_reduce_rms_norm table")
     ap.add_argument("--add-only", action="store_true", help="only the residual add + norm table")
     ap.add_argument("--kernels", action="store_true",
-                    help="only the device time of each kernel of the hidden layout's programs")
+                    help="only the device time of each kernel of the hidden layout's programs "
+                         "(with --all-reduce-only --ar-chain N: of each chain too)")
     ap.add_argument("--k-local", type=int, default=1024,
                     help="each device's share of the contraction dim of the matmul before all_reduce_rms_norm")
     args = ap.parse_args()
@@ -317,25 +336,16 @@ def main():
 
 def all_reduce_table(devices, dt, g, H, keys, args):
     """all_reduce_rms_norm against psum + norm, each device holding a partial
-    sum of the whole (R, H): given as an input ("fwd", "fwd+bwd"), and made
-    in the program by a row-parallel matmul (a @ w, the contraction dim split
-    over the devices), as in a model ("matmul + fwd"). As an input, psum
-    first copies it (an all-reduce works in place and may not overwrite a
-    program input); the matmul's output it reduces where it lies."""
+    sum of the whole (R, H), for each R of --ar-rows: given as an input
+    ("fwd", "fwd+bwd"), and made in the program by a row-parallel matmul
+    (a @ w, the contraction dim split over the devices), as in a model
+    ("matmul + fwd"). As an input, psum first copies it (an all-reduce works
+    in place and may not overwrite a program input); the matmul's output it
+    reduces where it lies. With --ar-chain N, only the latency of one step of
+    N chained in one program (each step's y the next one's partial sum, as
+    layers follow each other in a decode step)."""
     n = len(devices)
     mesh = jax.sharding.Mesh(np.asarray(devices), ("model",), axis_types=(AxisType.Auto,))
-    R, K = args.ar_rows, args.k_local
-    shard = NamedSharding(mesh, P("model"))
-    parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt), shard) for k in keys[:2]]
-    mk = jax.random.split(keys[5], 4)
-    acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
-    ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
-          for k in mk[2:]]
-    gr = jax.device_put(g, NamedSharding(mesh, P()))
-
-    def on_mesh(fn, nargs=2):
-        return jax.shard_map(fn, mesh=mesh, in_specs=(P("model"),) * (nargs - 1) + (P(),), out_specs=P("model"))
-
     variants = {
         "all_reduce_rms_norm (auto)": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model"),
         "all_reduce_rms_norm (scatter)": lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model",
@@ -346,25 +356,64 @@ def all_reduce_table(devices, dt, g, H, keys, args):
     if devices[0].platform == "gpu":  # peer access: GPUs only
         variants["all_reduce_rms_norm (nvlink)"] = lambda p, g: jrn.all_reduce_rms_norm(
             p, g, axis_name="model", method="nvlink")
-    print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}); "
-          f"matmul + fwd: that partial sum made as ({R}, {K}) @ ({K}, {H}) on each device")
-    print("\n| op | fwd ms | fwd+bwd ms | matmul + fwd ms |")
-    print("|---|---|---|---|")
-    ref = ref_mm = None
-    for name, fn in variants.items():
-        fwd = jax.jit(on_mesh(fn))
-        both = jax.jit(on_mesh(lambda p, g, fn=fn: jax.grad(
-            lambda p: jnp.sum(fn(p, g).astype(jnp.float32) ** 2))(p)))
-        mm = jax.jit(on_mesh(lambda a, w, g, fn=fn: fn(a @ w, g), 3))
-        out, out_mm = fwd(parts[0], gr), mm(acts[0], ws[0], gr)
-        if ref is None:
-            ref, ref_mm = out, out_mm
-        elif rel_err(out, ref) > 2e-2 or rel_err(out_mm, ref_mm) > 2e-2:
-            raise SystemExit(f"{name} differs from all_reduce_rms_norm")
-        t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
-        t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
-        t_m = bench(mm, [(a, w, gr) for a, w in zip(acts, ws)], args.iters, args.reps, one_program=False)
-        print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} | {t_m * 1e3:.3f} |")
+    gr = jax.device_put(g, NamedSharding(mesh, P()))
+
+    def on_mesh(fn, nargs=2):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(P("model"),) * (nargs - 1) + (P(),), out_specs=P("model"))
+
+    def chain(fn, steps):
+        def run(p, g):
+            for _ in range(steps):
+                p = jax.lax.optimization_barrier(fn(p, g).astype(p.dtype))
+            return p
+        return jax.jit(on_mesh(run))
+
+    for R in args.ar_rows:
+        K = args.k_local
+        shard = NamedSharding(mesh, P("model"))
+        parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt), shard) for k in keys[:2]]
+        mk = jax.random.split(keys[5], 4)
+        acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
+        ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
+              for k in mk[2:]]
+        if args.ar_chain:
+            print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}): "
+                  f"one step of {args.ar_chain} chained in one program")
+            print("\n| op | rows a device | us a step |")
+            print("|---|---|---|")
+        else:
+            print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}); "
+                  f"matmul + fwd: that partial sum made as ({R}, {K}) @ ({K}, {H}) on each device")
+            print("\n| op | fwd ms | fwd+bwd ms | matmul + fwd ms |")
+            print("|---|---|---|---|")
+        ref = ref_mm = None
+        for name, fn in variants.items():
+            fwd = jax.jit(on_mesh(fn))
+            out = fwd(parts[0], gr)
+            if ref is None:
+                ref = out
+            elif rel_err(out, ref) > 2e-2:
+                raise SystemExit(f"{name} differs from all_reduce_rms_norm")
+            if args.ar_chain:
+                t = bench(chain(fn, args.ar_chain), [(p, gr) for p in parts], args.iters, args.reps,
+                          one_program=False)
+                print(f"| {name} | {R} | {t / args.ar_chain * 1e6:.1f} |")
+                if args.kernels:
+                    kernel_times({f"{name}, {R} rows, {args.ar_chain} steps": (chain(fn, args.ar_chain),
+                                                                            (parts[0], gr))})
+                continue
+            both = jax.jit(on_mesh(lambda p, g, fn=fn: jax.grad(
+                lambda p: jnp.sum(fn(p, g).astype(jnp.float32) ** 2))(p)))
+            mm = jax.jit(on_mesh(lambda a, w, g, fn=fn: fn(a @ w, g), 3))
+            out_mm = mm(acts[0], ws[0], gr)
+            if ref_mm is None:
+                ref_mm = out_mm
+            elif rel_err(out_mm, ref_mm) > 2e-2:
+                raise SystemExit(f"{name} after the matmul differs from all_reduce_rms_norm")
+            t_f = bench(fwd, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
+            t_b = bench(both, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
+            t_m = bench(mm, [(a, w, gr) for a, w in zip(acts, ws)], args.iters, args.reps, one_program=False)
+            print(f"| {name} | {t_f * 1e3:.3f} | {t_b * 1e3:.3f} | {t_m * 1e3:.3f} |")
 
 
 if __name__ == "__main__":
