@@ -93,12 +93,15 @@ __device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
 
 // Thread t < n raises flag[blockIdx.x][rank] on rank t to `epoch`, then
 // waits for flag[blockIdx.x][t] of its own block to reach it; then the CTA
-// meets. Prior writes of the whole CTA are ordered before the flags.
+// meets. Prior writes of the whole CTA are ordered before the flags: the
+// barrier orders them before thread t's release, and a release is
+// cumulative, so the peer that acquires the flag sees them. (A
+// __threadfence_system() before the release as well cost 3 us a call at
+// one row and 9% at 1024: RESULTS.md table 5.)
 __device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxRanks], unsigned epoch) {
   __syncthreads();
   const int t = static_cast<int>(threadIdx.x);
   if (t < a.n) {
-    __threadfence_system();
     store_release_sys(&(a.sig[t]->*flags)[blockIdx.x][a.rank], epoch);
     const unsigned* mine = &(a.sig[a.rank]->*flags)[blockIdx.x][t];
     const unsigned long long t0 = global_ns();
