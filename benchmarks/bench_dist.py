@@ -395,12 +395,11 @@ def all_reduce_table(devices, dt, g, H, keys, args):
             elif rel_err(out, ref) > 2e-2:
                 raise SystemExit(f"{name} differs from all_reduce_rms_norm")
             if args.ar_chain:
-                t = bench(chain(fn, args.ar_chain), [(p, gr) for p in parts], args.iters, args.reps,
-                          one_program=False)
+                steps = chain(fn, args.ar_chain)
+                t = bench(steps, [(p, gr) for p in parts], args.iters, args.reps, one_program=False)
                 print(f"| {name} | {R} | {t / args.ar_chain * 1e6:.1f} |")
                 if args.kernels:
-                    kernel_times({f"{name}, {R} rows, {args.ar_chain} steps": (chain(fn, args.ar_chain),
-                                                                            (parts[0], gr))})
+                    kernel_times({f"{name}, {R} rows, {args.ar_chain} steps": (steps, (parts[0], gr))})
                 continue
             both = jax.jit(on_mesh(lambda p, g, fn=fn: jax.grad(
                 lambda p: jnp.sum(fn(p, g).astype(jnp.float32) ** 2))(p)))
