@@ -62,7 +62,6 @@ struct Signals {
 
 struct Group {
   int n = 0;
-  int sms = 0;  // of each device
   Signals* sig[kMaxRanks] = {};
 };
 
@@ -259,48 +258,26 @@ ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
     if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaMemset (signals)");
     g.sig[i] = static_cast<Signals*>(p);
   }
-  g.sms = sms;
   *out = g;
   return ffi::Error::Success();
 }
 
-// CTAs of `kernel` in `threads` that fit an SM, asked once per kernel and
-// size (every device of a group is of one kind, so each gets the same
-// grid). Two CTAs an SM where they fit (rows of 8192 bf16: 256 threads)
-// against one: 4 H100s, 8192 x 8192 bf16 a device, 0.706 against 0.722 ms
-// from an input (RESULTS.md table 5).
-template <class Kernel>
-ffi::Error ctas_per_sm(Kernel kernel, int threads, int* out) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, fresh] = known.try_emplace({reinterpret_cast<const void*>(kernel), threads}, 1);
-  if (fresh) {
-    int fit = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, 0);
-    if (e != cudaSuccess) {
-      known.erase(it);
-      return cuda_error(e, "all_reduce_rms_norm: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    }
-    it->second = std::max(fit, 1);
-  }
-  *out = it->second;
-  return ffi::Error::Success();
-}
-
+// Every CTA must be resident at once (they wait for their peers'), so the
+// grid is at most what fits the device, from the occupancy: two CTAs an SM
+// where they fit (rows of 8192 bf16: 256 threads) against one gave 0.706
+// against 0.722 ms on 4 H100s, 8192 x 8192 bf16 a device, from an input
+// (RESULTS.md table 5). Every device of a group is of one kind
+// (setup_group), so each gets the same grid.
 template <class T, class P>
-ffi::Error launch(cudaStream_t stream, const Group& g, const ArArgs& a) {
+ffi::Error launch(cudaStream_t stream, const ArArgs& a) {
   const int nvec = a.hidden / (16 / static_cast<int>(sizeof(T)));
-  int threads = 32;
-  while (threads * kItems < nvec) threads *= 2;
+  const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kItems)));
   if (threads > kMaxThreads) return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: hidden too large");
   auto kernel = all_reduce_rms<T, P>;
-  int per_sm = 1;
-  JRN_RETURN_IF_ERROR(ctas_per_sm(kernel, threads, &per_sm));
-  // Every CTA must be resident at once (they wait for their peers').
-  const int64_t per_rank = (a.rows + a.n - 1) / a.n;
-  const int64_t most = std::min<int64_t>(static_cast<int64_t>(g.sms) * per_sm, kMaxCtas);
-  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(most, per_rank));
+  int resident = 0;
+  JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(threads), 0, 1, &resident));
+  const int64_t most = std::min<int64_t>(resident, kMaxCtas);
+  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(most, ceil_div(a.rows, a.n)));
   kernel<<<ctas, threads, 0, stream>>>(a);
   return check_launch("all_reduce_rms_norm (nvlink)");
 }
@@ -366,12 +343,12 @@ ffi::Error all_reduce_rms_norm(cudaStream_t stream, int32_t device, ffi::AnyBuff
   const bool f32_gamma = gamma && gamma->element_type() == ffi::DataType::F32;
   switch (x.element_type()) {
     case ffi::DataType::BF16:
-      return f32_gamma ? launch<__nv_bfloat16, float>(stream, g, a)
-                       : launch<__nv_bfloat16, __nv_bfloat16>(stream, g, a);
+      return f32_gamma ? launch<__nv_bfloat16, float>(stream, a)
+                       : launch<__nv_bfloat16, __nv_bfloat16>(stream, a);
     case ffi::DataType::F16:
-      return f32_gamma ? launch<__half, float>(stream, g, a) : launch<__half, __half>(stream, g, a);
+      return f32_gamma ? launch<__half, float>(stream, a) : launch<__half, __half>(stream, a);
     case ffi::DataType::F32:
-      return launch<float, float>(stream, g, a);
+      return launch<float, float>(stream, a);
     default:
       return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: x must be float32, bfloat16 or float16");
   }
