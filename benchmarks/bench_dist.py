@@ -208,18 +208,16 @@ def kernel_times(programs, calls=10):
         total = collections.Counter()
         busy = {}
         for plane in jax.profiler.ProfileData.from_file(path).planes:
-            if ":GPU:" not in plane.name and not plane.name.endswith("GPU:0"):
+            if ":GPU:" not in plane.name:
                 continue
-            spans = [(ev.start_ns, ev.start_ns + ev.duration_ns) for line in plane.lines
-                     if line.name.startswith("Stream") for ev in line.events]
-            if spans:
-                first, last = min(b for b, _ in spans), max(e for _, e in spans)
-                busy[plane.name.rsplit("/", 1)[-1]] = (sum(e - b for b, e in spans), last - first)
+            events = [ev for line in plane.lines if line.name.startswith("Stream") for ev in line.events]
+            if events:
+                first = min(ev.start_ns for ev in events)
+                last = max(ev.start_ns + ev.duration_ns for ev in events)
+                busy[plane.name.rsplit("/", 1)[-1]] = (sum(ev.duration_ns for ev in events), last - first)
             if plane.name.endswith("GPU:0"):
-                for line in plane.lines:
-                    if line.name.startswith("Stream"):
-                        for ev in line.events:
-                            total[ev.name] += ev.duration_ns
+                for ev in events:
+                    total[ev.name] += ev.duration_ns
         if not total:
             raise SystemExit("--kernels: no GPU kernels in the profiler trace (it reads GPU 0)")
         print(f"\n{name}: {sum(total.values()) / calls / 1e3:.1f} µs of kernels a call")
@@ -368,14 +366,15 @@ def all_reduce_table(devices, dt, g, H, keys, args):
             return p
         return jax.jit(on_mesh(run))
 
+    shard = NamedSharding(mesh, P("model"))
     for R in args.ar_rows:
         K = args.k_local
-        shard = NamedSharding(mesh, P("model"))
         parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt), shard) for k in keys[:2]]
-        mk = jax.random.split(keys[5], 4)
-        acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
-        ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
-              for k in mk[2:]]
+        if not args.ar_chain:  # the matmul's operands
+            mk = jax.random.split(keys[5], 4)
+            acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
+            ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
+                  for k in mk[2:]]
         if args.ar_chain:
             print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}): "
                   f"one step of {args.ar_chain} chained in one program")

@@ -429,10 +429,13 @@ NVLINK_CASES = [
 ]
 
 
-def _nvlink_ref(parts, g, dtype, zero_centered):
+def _nvlink_total(parts, dtype):
     # The kernel normalizes the sum as x's dtype holds it, as psum's result.
-    total = jnp.asarray(f64(parts).sum(0), jnp.float32).astype(dtype)
-    return ref_forward("rms", total, g, zero_centered=zero_centered)[0]
+    return jnp.asarray(f64(parts).sum(0), jnp.float32).astype(dtype)
+
+
+def _nvlink_ref(parts, g, dtype, zero_centered):
+    return ref_forward("rms", _nvlink_total(parts, dtype), g, zero_centered=zero_centered)[0]
 
 
 @pytest.mark.parametrize("n,rows,hidden,dtype,gdtype,zc", NVLINK_CASES,
@@ -471,15 +474,15 @@ def test_all_reduce_rms_norm_nvlink(platform, n, rows, hidden, dtype, gdtype, zc
         # float64 reference above).
         _close(got[0], unfused(parts, g)[0], dtype)
 
-    # Gradients (the differentiated forward also writes the sum, which the
-    # backward reads) against float64, from the cotangent the loss gives the
-    # kernel's own y: the n devices' copies of y each add theirs, rounded to
-    # y's dtype. (Against a jnp norm, a one-ulp difference in y moved the
-    # gradient of the loss's sin by up to 3% at a few elements.)
+    # Gradients (differentiated, the forward is psum + rms_norm, which saves
+    # the sum the backward reads) against float64, from the cotangent the
+    # loss gives the kernel's own y: the n devices' copies of y each add
+    # theirs, rounded to y's dtype. (Against a jnp norm, a one-ulp difference
+    # in y moved the gradient of the loss's sin by up to 3% at a few
+    # elements.)
     y0 = f64(got[0])
     dy = jnp.asarray(n * (1.3 * np.cos(1.3 * y0) + 0.5 * y0), jnp.float32).astype(dtype)
-    total = jnp.asarray(f64(parts).sum(0), jnp.float32).astype(dtype)
-    dx_ref, dg_ref, _ = ref_backward("rms", dy, total, g, zero_centered=zc)
+    dx_ref, dg_ref, _ = ref_backward("rms", dy, _nvlink_total(parts, dtype), g, zero_centered=zc)
     grads = jax.jit(jax.grad(lambda p, g: loss_of(fused(p, g).astype(jnp.float32)),
                              (0, 1) if g is not None else 0))(parts, g)
     dparts = grads[0] if g is not None else grads
