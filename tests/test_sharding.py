@@ -519,6 +519,43 @@ def test_all_reduce_rms_norm_nvlink_groups_and_calls(platform):
             assert_close(z[i, j], rz, jnp.bfloat16, f"group {i}, device {j}: z")
 
 
+def test_all_reduce_rms_norm_nvlink_chain(platform):
+    """Eight calls chained in one program, as the layers of a decode step: XLA
+    may record them into a CUDA graph (the handler is compatible with command
+    buffers) and replays it on later runs, so the program runs three times,
+    on new inputs and then on the first again. Each step is checked against
+    float64 from the step before's output."""
+    if platform == "cpu":
+        pytest.skip("a GPU method")
+    n, rows, hidden, steps, dtype = 2, 6, 2048, 8, jnp.bfloat16
+    mesh = _mesh(platform, 1, n)
+    g = random(41, (hidden,), dtype, offset=1.0)
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    def chain(p, g):
+        x, outs = p[0], []
+        for _ in range(steps):
+            x = jrn.all_reduce_rms_norm(x, g, axis_name="model", method="nvlink")
+            outs.append(x)
+        return jnp.stack(outs)[None]
+
+    inputs = [random(42 + i, (n, rows, hidden), dtype, scale=2.0, offset=0.5) for i in range(2)]
+    first = None
+    for parts in inputs + inputs[:1]:
+        got = chain(parts, g)
+        assert got.shape == (n, steps, rows, hidden)
+        prev = parts
+        for k in range(steps):
+            ref = _nvlink_ref(prev, g, dtype, False)
+            for d in range(n):
+                assert_close(got[d, k], ref, dtype, f"step {k}, device {d}")
+            prev = got[:, k]
+        if first is None:
+            first = got
+    np.testing.assert_array_equal(f64(got), f64(first))  # the first input again: the same bits
+
+
 def test_all_reduce_rms_norm_auto_takes_nvlink(platform):
     """On GPUs with peer access, "auto" lowers the forward to the one kernel
     (no all-reduce) and the differentiated forward to psum."""

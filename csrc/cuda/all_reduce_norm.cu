@@ -210,8 +210,25 @@ struct DeviceGuard {
   }
 };
 
+// Lets the calling thread make calls that stream capture forbids (cudaMalloc,
+// synchronizing a stream of its own) while it is in scope. The handler is
+// compatible with command buffers, so its first call, which sets its group
+// up, may come while XLA captures a CUDA graph; nothing set up here is
+// enqueued on the captured stream.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t err;
+  RelaxedCapture() { err = cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() {
+    if (err == cudaSuccess) cudaThreadExchangeStreamCaptureMode(&mode);
+  }
+};
+
 ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
   const int n = static_cast<int>(ordinals.size());
+  RelaxedCapture relaxed;
+  if (relaxed.err != cudaSuccess)
+    return cuda_error(relaxed.err, "all_reduce_rms_norm: cudaThreadExchangeStreamCaptureMode");
   DeviceGuard guard;
   Group g;
   g.n = n;
@@ -391,4 +408,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CudaAllReduceRmsNorm, ::jrn::cuda::all_reduce_rms_
                                   .Attr<int64_t>("n")
                                   .Attr<float>("eps")
                                   .Attr<bool>("zero_centered_gamma")
-                                  .Attr<bool>("has_gamma"));
+                                  .Attr<bool>("has_gamma"),
+                              {::xla::ffi::Traits::kCmdBufferCompatible});
