@@ -556,6 +556,49 @@ def test_all_reduce_rms_norm_nvlink_chain(platform):
     np.testing.assert_array_equal(f64(got), f64(first))  # the first input again: the same bits
 
 
+def _with_empty_words(a):
+    """a with some 32-bit words set to the push kernel's empty mark
+    (0x80008000: two -0.0s in 16-bit dtypes, a negative denormal in
+    float32), which its senders store as 0."""
+    bits = np.asarray(a).copy()
+    words = bits.view(np.uint32) if bits.dtype.itemsize == 4 else bits.view(np.uint16)
+    step = 1 if bits.dtype.itemsize == 4 else 2
+    flat = words.reshape(-1)
+    if step == 1:
+        flat[::97] = 0x80008000
+    else:
+        flat[0:-1:194] = 0x8000
+        flat[1::194] = 0x8000
+    return jnp.asarray(bits)
+
+
+def test_all_reduce_rms_norm_nvlink_dtypes_in_turn(platform):
+    """Calls of three dtypes one after another in one program, run twice: the
+    small ones take the push kernel (at most 512 KB a partial sum), whose
+    buffers every dtype shares, the last the two-pass kernel. Partial sums
+    hold the push kernel's empty mark, which must read as zero."""
+    if platform == "cpu":
+        pytest.skip("a GPU method")
+    n = 2
+    mesh = _mesh(platform, 1, n)
+    shapes = [((n, 5, 64), jnp.float32), ((n, 3, 4096), jnp.bfloat16), ((n, 40, 1032), jnp.float16),
+              ((n, 64, 8192), jnp.bfloat16), ((n, 2, 64), jnp.float32)]
+    parts = [_with_empty_words(random(50 + i, shape, dt, scale=2.0, offset=0.5))
+             for i, (shape, dt) in enumerate(shapes)]
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("model"),) * len(parts), out_specs=(P("model"),) * len(parts))
+    def run(*ps):
+        return tuple(jrn.all_reduce_rms_norm(p[0], None, axis_name="model", method="nvlink")[None] for p in ps)
+
+    for _ in range(2):
+        outs = run(*parts)
+        for i, (p, (shape, dt)) in enumerate(zip(parts, shapes)):
+            ref = _nvlink_ref(p, None, dt, False)
+            for d in range(n):
+                assert_close(outs[i][d], ref, dt, f"call {i} ({shape}, {dt.__name__}), device {d}")
+
+
 def test_all_reduce_rms_norm_auto_takes_nvlink(platform):
     """On GPUs with peer access, "auto" lowers the forward to the one kernel
     (no all-reduce) and the differentiated forward to psum."""

@@ -45,6 +45,14 @@ constexpr int kMaxCtas = 1024;  // resident CTAs of one device, at most
 constexpr int kItems = 4;      // packs a thread
 constexpr int kMaxThreads = 512;  // hidden up to 512 * kItems packs (16384 in bf16)
 constexpr unsigned long long kWaitNs = 20ull * 1000 * 1000 * 1000;
+// The push kernel (small calls): each device's buffer holds kPushSlots
+// slots of n regions, one a source rank, of kPushBytes each. A 32-bit word
+// equal to kEmpty marks an element not yet written: senders store kEmpty
+// as 0 (in 16-bit x, two -0.0s become two +0.0s; in float32 a denormal of
+// -4.6e-41 becomes 0), so no written word holds it.
+constexpr int64_t kPushBytes = 512 * 1024;
+constexpr int kPushSlots = 3;
+constexpr unsigned kEmpty = 0x80008000u;
 
 // A device's buffers for one call, as its peers see them.
 struct Buffers {
@@ -59,15 +67,19 @@ struct Signals {
   unsigned end[kMaxCtas][kMaxRanks];
   unsigned epoch[kMaxCtas];  // calls CTA b of this device has finished
   Buffers bufs;
+  unsigned push_calls;  // push kernels this device has finished (its slot: push_calls % kPushSlots)
+  unsigned push_done;   // CTAs of the current push kernel that have finished
 };
 
 struct Group {
   int n = 0;
   Signals* sig[kMaxRanks] = {};
+  void* push[kMaxRanks] = {};  // each device's push buffer
 };
 
 struct ArArgs {
   Signals* sig[kMaxRanks];  // every rank's signal block, by rank
+  void* push[kMaxRanks];    // every rank's push buffer, by rank
   Buffers mine;
   const void* gamma;
   int64_t rows;
@@ -117,6 +129,60 @@ __device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxR
   __syncthreads();
 }
 
+// One row of the all-reduced norm, computed by a CTA: load(r, p, raw)
+// fills pack p of rank r's partial sum; the n are added in rank order in
+// float32 and rounded to x's dtype (as psum's result is), then normalized;
+// store(p, y) writes pack p of y. Returns the row's rstd.
+template <class T, class P, class Load, class Store>
+__device__ __forceinline__ float norm_row(const ArArgs& a, float* smem, Load load, Store store) {
+  constexpr int VEC = 16 / sizeof(T);
+  using V = Pack<T, VEC>;
+  const int t = static_cast<int>(threadIdx.x);
+  const int nvec = a.hidden / VEC;
+  float v[kItems][VEC];
+  float ss[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int p = t + i * static_cast<int>(blockDim.x);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+    if (p >= nvec) continue;
+    V raw[kMaxRanks];
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r < a.n) load(r, p, raw[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r < a.n) {
+        float f[VEC];
+        unpack(raw[r], f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] += f[j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      v[i][j] = to_float(from_float<T>(v[i][j]));  // the sum as x's dtype holds it
+      ss[0] += v[i][j] * v[i][j];
+    }
+  }
+  row_sum<1>(ss, smem);
+  const float rstd = rsqrtf(ss[0] / static_cast<float>(a.hidden) + a.eps);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int p = t + i * static_cast<int>(blockDim.x);
+    if (p >= nvec) continue;
+    float y[VEC];
+    float s[VEC];
+    load_scale<VEC>(static_cast<const P*>(a.gamma), static_cast<int64_t>(p) * VEC, a.zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y[j] = v[i][j] * rstd * s[j];
+    store(p, y);
+  }
+  return rstd;
+}
+
 template <class T, class P>
 __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
   constexpr int VEC = 16 / sizeof(T);
@@ -139,62 +205,137 @@ __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
   }
   __syncthreads();
 
-  const int nvec = a.hidden / VEC;
   const int64_t lo = a.rows * a.rank / a.n, hi = a.rows * (a.rank + 1) / a.n;
   for (int64_t row = lo + blockIdx.x; row < ((a.skip & 1) ? lo : hi); row += gridDim.x) {
     const int64_t at = row * a.hidden;
-    float v[kItems][VEC];
-    float ss[1] = {0.f};
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const int p = t + i * static_cast<int>(blockDim.x);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
-      if (p >= nvec) continue;
-      V raw[kMaxRanks];
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        if (r < a.n) {
+    const float rstd = norm_row<T, P>(
+        a, smem,
+        [&](int r, int p, V& raw) {
           const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(peer[r].x) + at) + p;
-          *reinterpret_cast<uint4*>(&raw[r]) = __ldcg(src);
-        }
-      }
+          *reinterpret_cast<uint4*>(&raw) = __ldcg(src);
+        },
+        [&](int p, const float(&y)[VEC]) {
 #pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        if (r < a.n) {
-          float f[VEC];
-          unpack(raw[r], f);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[i][j] += f[j];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] = to_float(from_float<T>(v[i][j]));  // the sum as x's dtype holds it
-        ss[0] += v[i][j] * v[i][j];
-      }
-    }
-    row_sum<1>(ss, smem);
-    const float rstd = rsqrtf(ss[0] / static_cast<float>(a.hidden) + a.eps);
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      const int p = t + i * static_cast<int>(blockDim.x);
-      if (p >= nvec) continue;
-      float y[VEC];
-      float s[VEC];
-      load_scale<VEC>(static_cast<const P*>(a.gamma), static_cast<int64_t>(p) * VEC, a.zero_centered, s);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = v[i][j] * rstd * s[j];
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        if (r < a.n) store_pack<VEC>(static_cast<T*>(peer[r].y) + at + static_cast<int64_t>(p) * VEC, y);
-      }
-    }
+          for (int r = 0; r < kMaxRanks; ++r) {
+            if (r < a.n) store_pack<VEC>(static_cast<T*>(peer[r].y) + at + static_cast<int64_t>(p) * VEC, y);
+          }
+        });
     if (t < a.n) peer[t].rstd[row] = rstd;
   }
 
   if (!(a.skip & 2)) meet(a, &Signals::end, epoch);
   if (t == 0) own->epoch[blockIdx.x] = epoch;
+}
+
+__device__ __forceinline__ uint4 load_volatile(const uint4* p) {
+  uint4 w;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+               : "l"(p)
+               : "memory");
+  return w;
+}
+__device__ __forceinline__ void store_volatile(uint4* p, uint4 w) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z),
+               "r"(w.w)
+               : "memory");
+}
+__device__ __forceinline__ unsigned not_empty(unsigned w) { return w == kEmpty ? 0u : w; }
+__device__ __forceinline__ uint4 not_empty(uint4 w) {
+  return uint4{not_empty(w.x), not_empty(w.y), not_empty(w.z), not_empty(w.w)};
+}
+__device__ __forceinline__ bool written(uint4 w) {
+  return w.x != kEmpty && w.y != kEmpty && w.z != kEmpty && w.w != kEmpty;
+}
+
+// The push kernel, for calls of at most kPushBytes: no barrier. Each CTA
+// stores its rows of this device's partial sum into the current slot of
+// every peer's buffer (in its region for this rank), then, for each of its
+// rows, waits until every peer's copy has arrived in its own buffer (no
+// word is kEmpty), sums and normalizes the row, and writes y and rstd into
+// this device only: every device computes every row, as one-shot
+// all-reduces do. Each device reads the same values (its own x with kEmpty
+// stored as 0, like its pushes) in rank order, so every device's y is the
+// same. A CTA marks what it read kEmpty again, for the slot's next use.
+// That use is kPushSlots calls later: a peer writes it only after reading
+// this device's pushes of a later call, which start after this kernel
+// has ended. The last CTA to finish moves the device to the next slot.
+template <class T, class P>
+__global__ void __launch_bounds__(kMaxThreads) all_reduce_rms_push(ArArgs a) {
+  constexpr int VEC = 16 / sizeof(T);
+  using V = Pack<T, VEC>;
+  __shared__ float smem[kRowSumSmem];
+  __shared__ unsigned slot_s;
+  const int t = static_cast<int>(threadIdx.x);
+  Signals* own = a.sig[a.rank];
+  if (t == 0) slot_s = own->push_calls % kPushSlots;
+  __syncthreads();
+  const int64_t slot = slot_s;
+  const int nvec = a.hidden / VEC;
+  // Rank `from`'s region of the slot in device `on`'s buffer, as packs.
+  auto region = [&](int on, int from) {
+    return reinterpret_cast<uint4*>(static_cast<char*>(a.push[on]) + (slot * a.n + from) * kPushBytes);
+  };
+  const uint4* x = static_cast<const uint4*>(a.mine.x);
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    for (int p = t; p < nvec; p += static_cast<int>(blockDim.x)) {
+      const int64_t at = row * nvec + p;
+      const uint4 w = not_empty(x[at]);
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        if (r < a.n && r != a.rank) store_volatile(region(r, a.rank) + at, w);
+      }
+    }
+  }
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const float rstd = norm_row<T, P>(
+        a, smem,
+        [&](int r, int p, V& raw) {
+          const int64_t at = row * nvec + p;
+          uint4 w;
+          if (r == a.rank) {
+            w = not_empty(x[at]);
+          } else {
+            uint4* src = region(a.rank, r) + at;
+            w = load_volatile(src);
+            if (!written(w)) {
+              const unsigned long long t0 = global_ns();
+              do {
+                if (global_ns() - t0 > kWaitNs) {
+                  printf("jax_rmsnorm: all_reduce_rms_norm (nvlink, push): rank %d waited %llu s for rank %d; "
+                         "trapping\n",
+                         a.rank, kWaitNs / 1000000000ull, r);
+                  __trap();
+                }
+                w = load_volatile(src);
+              } while (!written(w));
+            }
+            *src = uint4{kEmpty, kEmpty, kEmpty, kEmpty};
+          }
+          *reinterpret_cast<uint4*>(&raw) = w;
+        },
+        [&](int p, const float(&y)[VEC]) {
+          store_pack<VEC>(static_cast<T*>(a.mine.y) + row * a.hidden + static_cast<int64_t>(p) * VEC, y);
+        });
+    if (t == 0) a.mine.rstd[row] = rstd;
+  }
+
+  __syncthreads();
+  if (t == 0) {
+    __threadfence();
+    if (atomicAdd(&own->push_done, 1u) == gridDim.x - 1) {
+      own->push_done = 0;
+      own->push_calls += 1;
+    }
+  }
+}
+
+__global__ void fill_empty(unsigned* p, int64_t words) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = kEmpty;
 }
 
 std::mutex groups_mu;
@@ -272,10 +413,18 @@ ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
     e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaStreamCreate");
     e = cudaMemsetAsync(p, 0, sizeof(Signals), s);
+    void* q = nullptr;
+    const int64_t push_bytes = kPushSlots * n * kPushBytes;
+    if (e == cudaSuccess) e = cudaMalloc(&q, push_bytes);
+    if (e == cudaSuccess) {
+      fill_empty<<<256, 256, 0, s>>>(static_cast<unsigned*>(q), push_bytes / 4);
+      e = cudaGetLastError();
+    }
     if (e == cudaSuccess) e = cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
-    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaMemset (signals)");
+    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: setting up the signals and push buffers");
     g.sig[i] = static_cast<Signals*>(p);
+    g.push[i] = q;
   }
   *out = g;
   return ffi::Error::Success();
@@ -292,13 +441,20 @@ ffi::Error launch(cudaStream_t stream, const ArArgs& a) {
   const int nvec = a.hidden / (16 / static_cast<int>(sizeof(T)));
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kItems)));
   if (threads > kMaxThreads) return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: hidden too large");
-  auto kernel = all_reduce_rms<T, P>;
+  // JRN_AR_PUSH_BYTES (read once; default kPushBytes): calls whose partial
+  // sum is at most this many bytes take the push kernel.
+  static const int64_t push_limit = [] {
+    const char* v = std::getenv("JRN_AR_PUSH_BYTES");
+    return std::min<int64_t>(v ? std::atoll(v) : kPushBytes, kPushBytes);
+  }();
+  const bool push = a.rows * a.hidden * static_cast<int64_t>(sizeof(T)) <= push_limit;
+  auto kernel = push ? all_reduce_rms_push<T, P> : all_reduce_rms<T, P>;
   int resident = 0;
   JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(threads), 0, 1, &resident));
   const int64_t most = std::min<int64_t>(resident, kMaxCtas);
-  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(most, ceil_div(a.rows, a.n)));
+  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(most, push ? a.rows : ceil_div(a.rows, a.n)));
   kernel<<<ctas, threads, 0, stream>>>(a);
-  return check_launch("all_reduce_rms_norm (nvlink)");
+  return check_launch(push ? "all_reduce_rms_norm (nvlink, push)" : "all_reduce_rms_norm (nvlink)");
 }
 
 // This device's rank and group in `group_table` (rows of n device
@@ -350,7 +506,10 @@ ffi::Error all_reduce_rms_norm(cudaStream_t stream, int32_t device, ffi::AnyBuff
   const int64_t rows = hidden ? static_cast<int64_t>(x.element_count()) / hidden : 0;
   if (rows == 0) return ffi::Error::Success();  // the same on every device: none launches
   ArArgs a{};
-  for (int r = 0; r < n; ++r) a.sig[r] = g.sig[r];
+  for (int r = 0; r < n; ++r) {
+    a.sig[r] = g.sig[r];
+    a.push[r] = g.push[r];
+  }
   a.mine = Buffers{x.untyped_data(), y->untyped_data(), static_cast<float*>(rstd->untyped_data())};
   a.gamma = gamma ? gamma->untyped_data() : nullptr;
   a.rows = rows;
