@@ -25,6 +25,11 @@
 // as inside shard_map), and CTA b of every device must be resident at once:
 // the grid is at most what fits the SMs at once. A wait longer than kWaitNs
 // traps (a CUDA error in the program) rather than hang.
+//
+// Calls of at most kPushBytes a partial sum (decode-time row counts) take
+// a second kernel with no barrier (`all_reduce_rms_push`): each device
+// stores its partial sum into a buffer of every peer and computes every row
+// from the copies it receives, which it recognizes by their data.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
