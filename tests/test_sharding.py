@@ -574,7 +574,7 @@ def _with_empty_words(a):
 
 def test_all_reduce_rms_norm_nvlink_dtypes_in_turn(platform):
     """Calls of three dtypes one after another in one program, run twice: the
-    small ones take the push kernel (at most 512 KB a partial sum), whose
+    small ones take the push kernel (at most 512 KB a partial sum on 2 GPUs), whose
     buffers every dtype shares, the last the two-pass kernel. Partial sums
     hold the push kernel's empty mark, which must read as zero."""
     if platform == "cpu":

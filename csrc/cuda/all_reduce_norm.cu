@@ -92,7 +92,6 @@ struct ArArgs {
   int rank, n;
   float eps;
   bool zero_centered;
-  int skip;  // experiment (JRN_AR_SKIP, timing only, wrong results): 1 rows, 2 end meet, 4 start meet
 };
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -203,7 +202,7 @@ __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
   }
   __syncthreads();
   const unsigned epoch = epoch_s;
-  if (!(a.skip & 4)) meet(a, &Signals::start, epoch);
+  meet(a, &Signals::start, epoch);
   if (t < a.n) {
     const volatile Buffers* b = &a.sig[t]->bufs;
     peer[t] = Buffers{b->x, b->y, b->rstd};
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
   __syncthreads();
 
   const int64_t lo = a.rows * a.rank / a.n, hi = a.rows * (a.rank + 1) / a.n;
-  for (int64_t row = lo + blockIdx.x; row < ((a.skip & 1) ? lo : hi); row += gridDim.x) {
+  for (int64_t row = lo + blockIdx.x; row < hi; row += gridDim.x) {
     const int64_t at = row * a.hidden;
     const float rstd = norm_row<T, P>(
         a, smem,
@@ -228,7 +227,7 @@ __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms(ArArgs a) {
     if (t < a.n) peer[t].rstd[row] = rstd;
   }
 
-  if (!(a.skip & 2)) meet(a, &Signals::end, epoch);
+  meet(a, &Signals::end, epoch);
   if (t == 0) own->epoch[blockIdx.x] = epoch;
 }
 
@@ -446,12 +445,16 @@ ffi::Error launch(cudaStream_t stream, const ArArgs& a) {
   const int nvec = a.hidden / (16 / static_cast<int>(sizeof(T)));
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kItems)));
   if (threads > kMaxThreads) return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: hidden too large");
-  // JRN_AR_PUSH_BYTES (read once; default kPushBytes): calls whose partial
-  // sum is at most this many bytes take the push kernel.
-  static const int64_t push_limit = [] {
+  // The push kernel sends n - 1 copies of x from each device (the two-pass
+  // kernel about two), so it takes calls of at most kPushBytes / (n - 1)
+  // bytes a partial sum: at 8192 bf16 a row, up to 32 rows on 2 GPUs and 10
+  // on 4 (RESULTS.md table 5). JRN_AR_PUSH_BYTES (read once) sets that
+  // limit instead, at most kPushBytes (0: never).
+  static const int64_t push_env = [] {
     const char* v = std::getenv("JRN_AR_PUSH_BYTES");
-    return std::min<int64_t>(v ? std::atoll(v) : kPushBytes, kPushBytes);
+    return v ? std::atoll(v) : -1;
   }();
+  const int64_t push_limit = std::min<int64_t>(push_env >= 0 ? push_env : kPushBytes / (a.n - 1), kPushBytes);
   const bool push = a.rows * a.hidden * static_cast<int64_t>(sizeof(T)) <= push_limit;
   auto kernel = push ? all_reduce_rms_push<T, P> : all_reduce_rms<T, P>;
   int resident = 0;
@@ -523,11 +526,6 @@ ffi::Error all_reduce_rms_norm(cudaStream_t stream, int32_t device, ffi::AnyBuff
   a.n = static_cast<int>(n);
   a.eps = eps;
   a.zero_centered = zero_centered;
-  static const int skip = [] {
-    const char* v = std::getenv("JRN_AR_SKIP");
-    return v ? std::atoi(v) : 0;
-  }();
-  a.skip = skip;
   const bool f32_gamma = gamma && gamma->element_type() == ffi::DataType::F32;
   switch (x.element_type()) {
     case ffi::DataType::BF16:
