@@ -570,7 +570,10 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
       normalizes. Each device reads its 1/n of the rows from every device's
       partial sum through peer access (NVLink), normalizes them, and writes
       y into every device's output: the bytes of a ring all-reduce over
-      NVLink, and no separate norm pass. It needs peer access between the
+      NVLink, and no separate norm pass. Small calls (at most 512 KB / (n -
+      1) a partial sum: decode-time rows) take a second kernel instead, in
+      which each device sends its partial sum to every peer and computes
+      every row itself, with no barrier. It needs peer access between the
       GPUs, at most 8 devices in ``axis_name``, a hidden size that is a
       whole number of 16-byte packs and at most 32 KB a row (16384 bf16,
       8192 float32), and every device of the axis in this process; it raises
