@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from functools import partial
 from typing import Optional, Tuple
 
@@ -585,6 +587,10 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
       platform``), not those of a stream-ordered memory pool. The kernel's
       call names the devices it was lowered for: a program exported with
       ``jax.export`` runs it only on those (``"auto"`` exports ``"psum"``).
+      The calls on one GPU must run one after another, as XLA runs them by
+      default: with ``--xla_gpu_command_buffer_scheduling_mode=CONCURRENT``
+      in ``XLA_FLAGS`` "nvlink" raises a ValueError and "auto" takes
+      "psum" (the mode given as a compiler option instead is not seen).
     * ``"psum"``: the all-reduce, then every device normalizes every row.
     * ``"scatter"``: the rows reduce-scattered (each device receives the sums
       of 1/n of the rows), normalized where they land, and all-gathered: the
@@ -654,7 +660,17 @@ def _nvlink_problem(x, n):
                 f"{NVLINK_MAX_ROW_BYTES // x.dtype.itemsize} for {_dtype_name(x.dtype)}, got {x.shape[-1]}")
     if n > NVLINK_MAX_DEVICES:
         return f"sums over at most {NVLINK_MAX_DEVICES} devices, got an axis size of {n}"
+    if _concurrent_command_buffers():
+        return ("needs the calls on one GPU to run one after another, which XLA_FLAGS' "
+                "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT does not keep")
     return None
+
+
+def _concurrent_command_buffers():
+    """Whether XLA_FLAGS sets XLA's command buffers to run independent
+    kernels at once (by the flag's last setting)."""
+    modes = re.findall(r"--xla_gpu_command_buffer_scheduling_mode=(\w+)", os.environ.get("XLA_FLAGS", ""))
+    return bool(modes) and modes[-1].upper() == "CONCURRENT"
 
 
 def _nvlink_norm(x, gamma, cfg, axes, fallback):

@@ -3,6 +3,7 @@ optimized HLO's communication, shard_map with axis_name, the stats/apply
 building blocks and all_reduce_rms_norm. Each compares against the unsharded
 result on the same platform."""
 
+import os
 import re
 from functools import partial
 
@@ -615,6 +616,29 @@ def test_all_reduce_rms_norm_auto_takes_nvlink(platform):
     assert "jrn_all_reduce_rms_norm" in text and "all_reduce" not in text.replace("jrn_all_reduce", "")
     text = jax.jit(step).lower(p, g).as_text()
     assert "jrn_all_reduce" not in text and "all_reduce" in text
+
+
+def test_all_reduce_rms_norm_concurrent_command_buffers(monkeypatch):
+    """The kernel's calls on one GPU must run one after another: with XLA_FLAGS
+    asking XLA's command buffers to run independent kernels at once, "nvlink"
+    raises and "auto" takes psum; the flag's last setting counts."""
+    monkeypatch.setattr(jrn._api, "nvlink_available", lambda: True)
+    mesh = _mesh("cpu", 1, 2)
+    on_mesh = lambda method: partial(jax.shard_map, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))(
+        lambda p, g: jrn.all_reduce_rms_norm(p, g, axis_name="model", method=method))
+    p, g = random(43, (2 * 4, 64), jnp.bfloat16), random(44, (64,), jnp.bfloat16, offset=1.0)
+    prims = lambda method: str(jax.make_jaxpr(on_mesh(method))(p, g))
+    flag = "--xla_gpu_command_buffer_scheduling_mode="
+    base = os.environ.get("XLA_FLAGS", "")
+    assert "jrn_all_reduce_rms_norm" in prims("auto")
+    for modes in [("CONCURRENT",), ("LHS", "concurrent")]:
+        monkeypatch.setenv("XLA_FLAGS", " ".join([base] + [flag + m for m in modes]))
+        with pytest.raises(ValueError, match="method='nvlink' needs the calls on one GPU.*CONCURRENT"):
+            prims("nvlink")
+        text = prims("auto")
+        assert "jrn_all_reduce_rms_norm" not in text and "psum" in text
+    monkeypatch.setenv("XLA_FLAGS", " ".join([base, flag + "CONCURRENT", flag + "SERIALIZE"]))
+    assert "jrn_all_reduce_rms_norm" in prims("auto") and "jrn_all_reduce_rms_norm" in prims("nvlink")
 
 
 def test_all_reduce_rms_norm_auto_fallback(monkeypatch):

@@ -22,9 +22,12 @@
 //   still reads its partial sums or writes its outputs.
 // Flags hold a per-CTA call count (the epoch), so they never need
 // resetting. Every device must run the same calls with the same rows (SPMD,
-// as inside shard_map), and CTA b of every device must be resident at once:
-// the grid is at most what fits the SMs at once. A wait longer than kWaitNs
-// traps (a CUDA error in the program) rather than hang.
+// as inside shard_map), one call after another on each device (XLA's
+// stream, or a command buffer that keeps their order: the Python side
+// refuses XLA_FLAGS' CONCURRENT scheduling mode), and CTA b of every device
+// must be resident at once: the grid is at most what fits the SMs at once.
+// A wait longer than kWaitNs traps (a CUDA error in the program) rather
+// than hang.
 //
 // Calls of at most kPushBytes a partial sum (decode-time row counts) take
 // a second kernel with no barrier (`all_reduce_rms_push`): each device
