@@ -29,8 +29,8 @@
 // A wait longer than kWaitNs traps (a CUDA error in the program) rather
 // than hang.
 //
-// Calls of at most kPushBytes a partial sum (decode-time row counts) take
-// a second kernel with no barrier (`all_reduce_rms_push`): each device
+// Calls of at most kPushBytes / (n - 1) a partial sum (decode-time row
+// counts) take a second kernel with no barrier (`all_reduce_rms_push`): each device
 // stores its partial sum into a buffer of every peer and computes every row
 // from the copies it receives, which it recognizes by their data.
 #include <cuda_bf16.h>
@@ -255,7 +255,7 @@ __device__ __forceinline__ bool written(uint4 w) {
   return w.x != kEmpty && w.y != kEmpty && w.z != kEmpty && w.w != kEmpty;
 }
 
-// The push kernel, for calls of at most kPushBytes: no barrier. Each CTA
+// The push kernel, for small calls (launch() says which): no barrier. Each CTA
 // stores its rows of this device's partial sum into the current slot of
 // every peer's buffer (in its region for this rank), then, for each of its
 // rows, waits until every peer's copy has arrived in its own buffer (no
