@@ -1,9 +1,11 @@
 // all_reduce_rms_norm's "nvlink" method: the sum over the devices of one
 // process of each device's partial sum, and the RMSNorm of that sum, in one
-// kernel per device that reads its peers' memory directly (NVLink / PCIe
-// peer access) instead of an all-reduce followed by a norm.
+// kernel per device that reaches its peers' memory directly (NVLink / PCIe
+// peer access) instead of an all-reduce followed by a norm. Two kernels:
+// the two-pass kernel below, and for small calls a push kernel (further
+// down).
 //
-// Each device of the group owns a contiguous 1/n of the rows. For each of
+// Two-pass: each device of the group owns a contiguous 1/n of the rows. For each of
 // its rows a CTA loads the row's partial sums from all n devices, adds them
 // in rank order in float32, rounds the sum to x's dtype (as psum's result
 // is), normalizes it, and writes y and rstd into every device's outputs.
@@ -11,7 +13,7 @@
 // written once into each device: per device, as many bytes over NVLink as
 // a ring all-reduce sends, and no pass of a norm kernel after it.
 //
-// The devices meet at two barriers per call, kept in a small signal block
+// Its devices meet at two barriers per call, kept in a small signal block
 // that each device of a group owns (allocated once, peer-accessible):
 // - start: CTA b of each device publishes its buffers' addresses and raises
 //   its flag on every peer; it goes on once every peer's CTA b has. The
@@ -21,18 +23,20 @@
 //   and waits for theirs. A device's kernel thus ends only when no peer
 //   still reads its partial sums or writes its outputs.
 // Flags hold a per-CTA call count (the epoch), so they never need
-// resetting. Every device must run the same calls with the same rows (SPMD,
+// resetting.
+//
+// Push: calls of at most kPushBytes / (n - 1) a partial sum (decode-time
+// row counts) take a kernel with no barrier (`all_reduce_rms_push`): each
+// device stores its partial sum into a buffer of every peer and computes
+// every row from the copies it receives, which it recognizes by their data.
+//
+// For both, every device must run the same calls with the same rows (SPMD,
 // as inside shard_map), one call after another on each device (XLA's
 // stream, or a command buffer that keeps their order: the Python side
 // refuses XLA_FLAGS' CONCURRENT scheduling mode), and CTA b of every device
 // must be resident at once: the grid is at most what fits the SMs at once.
 // A wait longer than kWaitNs traps (a CUDA error in the program) rather
 // than hang.
-//
-// Calls of at most kPushBytes / (n - 1) a partial sum (decode-time row
-// counts) take a second kernel with no barrier (`all_reduce_rms_push`): each device
-// stores its partial sum into a buffer of every peer and computes every row
-// from the copies it receives, which it recognizes by their data.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
