@@ -562,14 +562,12 @@ def _with_empty_words(a):
     (0x80008000: two -0.0s in 16-bit dtypes, a negative denormal in
     float32), which its senders store as 0."""
     bits = np.asarray(a).copy()
-    words = bits.view(np.uint32) if bits.dtype.itemsize == 4 else bits.view(np.uint16)
-    step = 1 if bits.dtype.itemsize == 4 else 2
-    flat = words.reshape(-1)
-    if step == 1:
-        flat[::97] = 0x80008000
-    else:
-        flat[0:-1:194] = 0x8000
-        flat[1::194] = 0x8000
+    if bits.dtype.itemsize == 4:
+        bits.view(np.uint32).reshape(-1)[::97] = 0x80008000
+    else:  # both halves of every 97th 32-bit word
+        halves = bits.view(np.uint16).reshape(-1)
+        halves[0:-1:194] = 0x8000
+        halves[1::194] = 0x8000
     return jnp.asarray(bits)
 
 
