@@ -367,20 +367,19 @@ def all_reduce_table(devices, dt, g, H, keys, args):
         return jax.jit(on_mesh(run))
 
     shard = NamedSharding(mesh, P("model"))
+    K = args.k_local
     for R in args.ar_rows:
-        K = args.k_local
         parts = [jax.device_put(jax.random.normal(k, (n * R, H), jnp.float32).astype(dt), shard) for k in keys[:2]]
-        if not args.ar_chain:  # the matmul's operands
-            mk = jax.random.split(keys[5], 4)
-            acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
-            ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
-                  for k in mk[2:]]
         if args.ar_chain:
             print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}): "
                   f"one step of {args.ar_chain} chained in one program")
             print("\n| op | rows a device | us a step |")
             print("|---|---|---|")
-        else:
+        else:  # the matmul's operands, and the table
+            mk = jax.random.split(keys[5], 4)
+            acts = [jax.device_put(jax.random.normal(k, (n * R, K), jnp.float32).astype(dt), shard) for k in mk[:2]]
+            ws = [jax.device_put((jax.random.normal(k, (n * K, H), jnp.float32) / np.sqrt(n * K)).astype(dt), shard)
+                  for k in mk[2:]]
             print(f"\nall-reduce + RMSNorm over {n} devices, each holding a partial sum of shape ({R}, {H}); "
                   f"matmul + fwd: that partial sum made as ({R}, {K}) @ ({K}, {H}) on each device")
             print("\n| op | fwd ms | fwd+bwd ms | matmul + fwd ms |")
