@@ -45,6 +45,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_utils.cuh"
@@ -115,6 +116,22 @@ __device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
   return v;
 }
 
+// Calls poll() until it returns true. A wait longer than kWaitNs prints
+// which rank waited for which and traps (a CUDA error in the program) rather
+// than hang.
+template <class Poll>
+__device__ __forceinline__ void wait_for(Poll poll, const char* kernel, int rank, int peer) {
+  if (poll()) return;
+  const unsigned long long t0 = global_ns();
+  while (!poll()) {
+    if (global_ns() - t0 > kWaitNs) {
+      printf("jax_rmsnorm: all_reduce_rms_norm (%s): rank %d waited %llu s for rank %d; trapping\n", kernel, rank,
+             kWaitNs / 1000000000ull, peer);
+      __trap();
+    }
+  }
+}
+
 // Thread t < n raises flag[blockIdx.x][rank] on rank t to `epoch`, then
 // waits for flag[blockIdx.x][t] of its own block to reach it; then the CTA
 // meets. Prior writes of the whole CTA are ordered before the flags: the
@@ -128,14 +145,7 @@ __device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxR
   if (t < a.n) {
     store_release_sys(&(a.sig[t]->*flags)[blockIdx.x][a.rank], epoch);
     const unsigned* mine = &(a.sig[a.rank]->*flags)[blockIdx.x][t];
-    const unsigned long long t0 = global_ns();
-    while (static_cast<int>(load_acquire_sys(mine) - epoch) < 0) {
-      if (global_ns() - t0 > kWaitNs) {
-        printf("jax_rmsnorm: all_reduce_rms_norm (nvlink): rank %d waited %llu s for rank %d; trapping\n",
-               a.rank, kWaitNs / 1000000000ull, t);
-        __trap();
-      }
-    }
+    wait_for([&] { return static_cast<int>(load_acquire_sys(mine) - epoch) >= 0; }, "nvlink", a.rank, t);
   }
   __syncthreads();
 }
@@ -310,19 +320,12 @@ __global__ void __launch_bounds__(kMaxThreads) all_reduce_rms_push(ArArgs a) {
             w = not_empty(x[at]);
           } else {
             uint4* src = region(a.rank, r) + at;
-            w = load_volatile(src);
-            if (!written(w)) {
-              const unsigned long long t0 = global_ns();
-              do {
-                if (global_ns() - t0 > kWaitNs) {
-                  printf("jax_rmsnorm: all_reduce_rms_norm (nvlink, push): rank %d waited %llu s for rank %d; "
-                         "trapping\n",
-                         a.rank, kWaitNs / 1000000000ull, r);
-                  __trap();
-                }
-                w = load_volatile(src);
-              } while (!written(w));
-            }
+            wait_for(
+                [&] {
+                  w = load_volatile(src);
+                  return written(w);
+                },
+                "nvlink, push", a.rank, r);
             *src = uint4{kEmpty, kEmpty, kEmpty, kEmpty};
           }
           *reinterpret_cast<uint4*>(&raw) = w;
@@ -378,12 +381,55 @@ struct RelaxedCapture {
   }
 };
 
+// What setup_group has allocated, by device: freed on scope exit unless
+// handed to the group (keep()), so that a failed set-up leaks nothing and a
+// later call can try again.
+class Allocations {
+ public:
+  ~Allocations() {
+    if (held_.empty()) return;
+    for (const auto& [device, ptr] : held_) {
+      if (cudaSetDevice(device) == cudaSuccess) cudaFree(ptr);
+    }
+    cudaGetLastError();  // the error reported is the set-up's, not a failure to free
+  }
+  ffi::Error alloc(int device, int64_t bytes, void** ptr, const char* what) {
+    const cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e != cudaSuccess) return cuda_error(e, what);
+    held_.emplace_back(device, *ptr);
+    return ffi::Error::Success();
+  }
+  void keep() { held_.clear(); }
+
+ private:
+  std::vector<std::pair<int, void*>> held_;
+};
+
+// Zeroes a signal block and marks every word of a push buffer kEmpty, on a
+// stream of its own (the current device's), and waits for it.
+ffi::Error init_buffers(void* sig, void* push, int64_t push_bytes) {
+  cudaStream_t s;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaStreamCreate");
+  e = cudaMemsetAsync(sig, 0, sizeof(Signals), s);
+  if (e == cudaSuccess) {
+    fill_empty<<<256, 256, 0, s>>>(static_cast<unsigned*>(push), push_bytes / 4);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  const cudaError_t d = cudaStreamDestroy(s);
+  if (e == cudaSuccess) e = d;
+  if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: setting up the signals and push buffers");
+  return ffi::Error::Success();
+}
+
 ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
   const int n = static_cast<int>(ordinals.size());
   RelaxedCapture relaxed;
   if (relaxed.err != cudaSuccess)
     return cuda_error(relaxed.err, "all_reduce_rms_norm: cudaThreadExchangeStreamCaptureMode");
   DeviceGuard guard;
+  Allocations allocs;  // freed before the guard restores the device
   Group g;
   g.n = n;
   int sms = -1;
@@ -417,26 +463,16 @@ ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
         return cuda_error(e, "all_reduce_rms_norm: cudaDeviceEnablePeerAccess");
       }
     }
-    void* p = nullptr;
-    e = cudaMalloc(&p, sizeof(Signals));
-    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaMalloc (signals)");
-    cudaStream_t s;
-    e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: cudaStreamCreate");
-    e = cudaMemsetAsync(p, 0, sizeof(Signals), s);
-    void* q = nullptr;
     const int64_t push_bytes = kPushSlots * n * kPushBytes;
-    if (e == cudaSuccess) e = cudaMalloc(&q, push_bytes);
-    if (e == cudaSuccess) {
-      fill_empty<<<256, 256, 0, s>>>(static_cast<unsigned*>(q), push_bytes / 4);
-      e = cudaGetLastError();
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-    if (e != cudaSuccess) return cuda_error(e, "all_reduce_rms_norm: setting up the signals and push buffers");
+    void* p = nullptr;
+    void* q = nullptr;
+    JRN_RETURN_IF_ERROR(allocs.alloc(d, sizeof(Signals), &p, "all_reduce_rms_norm: cudaMalloc (signals)"));
+    JRN_RETURN_IF_ERROR(allocs.alloc(d, push_bytes, &q, "all_reduce_rms_norm: cudaMalloc (push buffer)"));
+    JRN_RETURN_IF_ERROR(init_buffers(p, q, push_bytes));
     g.sig[i] = static_cast<Signals*>(p);
     g.push[i] = q;
   }
+  allocs.keep();
   *out = g;
   return ffi::Error::Success();
 }
