@@ -37,6 +37,7 @@
 #include "device_utils.cuh"
 #include "launch.h"
 
+#include <cstdlib>
 #include <type_traits>
 
 namespace jrn::cuda {
@@ -508,13 +509,21 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   const V* gamma = static_cast<const V*>(a.gamma);
   const V* beta = K == NormKind::kLayer ? static_cast<const V*>(a.beta) : nullptr;
   auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
+  // Part blockIdx.y of gridDim.y: this CTA reads the whole row for its
+  // statistics, but loads the parameters of, and writes, only its packs.
+  // (The wide instance, ITEMS > kDecodeItems, takes more rows than SMs and
+  // is never split.)
+  constexpr bool kSplit = ITEMS == kDecodeItems;
+  const int part = kSplit ? static_cast<int>(blockIdx.y) : 0, parts = static_cast<int>(gridDim.y);
+  const int lo = nvec * part / parts, hi = nvec * (part + 1) / parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
-  bool in[ITEMS];
+  bool in[ITEMS], mine[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     in[i] = pack(i) < nvec;
-    if (in[i]) {
-      xv[i] = x[pack(i)];
+    mine[i] = kSplit ? pack(i) >= lo && pack(i) < hi : in[i];
+    if (in[i]) xv[i] = x[pack(i)];
+    if (mine[i]) {
       if (gamma) gv[i] = gamma[pack(i)];
       if (beta) bv[i] = beta[pack(i)];
     }
@@ -544,7 +553,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   T* y = static_cast<T*>(a.y) + row * H;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    if (in[i]) {
+    if (mine[i]) {
       if constexpr (PLAIN) {  // gamma (and beta) given, not zero-centred
         float g[VEC];
         unpack(gv[i], g);
@@ -562,7 +571,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
       store_pack<VEC>(y + pack(i) * VEC, v[i]);
     }
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && part == 0) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
@@ -1846,7 +1855,12 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         }
         const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
         auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
-        kernel<<<static_cast<unsigned>(a.shape.rows), threads, 0, stream>>>(a);
+        static const int split_env = [] {
+          const char* v = std::getenv("JRN_DECODE_SPLIT");
+          return v ? std::atoi(v) : 1;
+        }();
+        const int split = std::max<int>(1, std::min<int64_t>(split_env, sms / a.shape.rows));
+        kernel<<<dim3(static_cast<unsigned>(a.shape.rows), split), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
       if (!a.residual && (a.gamma || a.beta) && block.x * block.y <= kEarlyThreads && sms > 0 &&
