@@ -37,7 +37,7 @@
 #include "device_utils.cuh"
 #include "launch.h"
 
-#include <cstdlib>
+#include <algorithm>
 #include <type_traits>
 
 namespace jrn::cuda {
@@ -64,6 +64,7 @@ constexpr int kEarlyThreads = 512;
 constexpr int kDecodeThreads = 128;  // target CTA size where the rows are few (below)
 constexpr int kDecodeItems = 2;      // packs per thread in fwd_decode
 constexpr int kDecodeWideThreads = 512;  // fwd_decode's CTA for rows of more packs (twice the items)
+constexpr int kDecodeMaxParts = 4;       // CTAs a row in fwd_decode, at most
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -497,6 +498,16 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // 1024-thread CTAs, more than one a SM (ITEMS = 4 there, see the launcher;
 // float32 256x8192 LayerNorm 9.2 -> 6.6 us, bf16 256x16384 RMSNorm 7.7 ->
 // 6.2, table 6q).
+//
+// Rows of at most a quarter of the SMs are split into gridDim.y parts (at
+// most kDecodeMaxParts, rows x parts within half the SMs): each part's CTA
+// reads the whole row for its statistics (from L2 after the first), but
+// loads the parameters of, and writes, only its part. Nsight Compute kernel
+// times on an H100, bf16, us, one CTA a row -> parts (RESULTS.md table 3,
+// "Rows split into parts"): 16x4096 RMSNorm 3.22 -> 3.18, LayerNorm 3.65 ->
+// 3.54 (4 parts); 16x8192 3.63 -> 3.50, 4.16 -> 3.92 (4); 32x8192 3.82 ->
+// 3.68, 4.13 -> 3.95 (2); 1x8192 3.50 -> 3.34, 4.13 -> 3.87 (4). At 64 rows
+// two parts were level; eight or sixteen parts gained nothing more.
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
@@ -1855,12 +1866,11 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         }
         const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
         auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
-        static const int split_env = [] {
-          const char* v = std::getenv("JRN_DECODE_SPLIT");
-          return v ? std::atoi(v) : 1;
-        }();
-        const int split = std::max<int>(1, std::min<int64_t>(split_env, sms / a.shape.rows));
-        kernel<<<dim3(static_cast<unsigned>(a.shape.rows), split), threads, 0, stream>>>(a);
+        // Rows of at most a quarter of the SMs are split into parts (each CTA
+        // reads its row, and loads the parameters of and writes a part):
+        // more SMs load the parameters and store y at once.
+        const int parts = static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts));
+        kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
       if (!a.residual && (a.gamma || a.beta) && block.x * block.y <= kEarlyThreads && sms > 0 &&
