@@ -499,15 +499,18 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // float32 256x8192 LayerNorm 9.2 -> 6.6 us, bf16 256x16384 RMSNorm 7.7 ->
 // 6.2, table 6q).
 //
-// Rows of at most a quarter of the SMs are split into gridDim.y parts (at
-// most kDecodeMaxParts, rows x parts within half the SMs): each part's CTA
-// reads the whole row for its statistics (from L2 after the first), but
-// loads the parameters of, and writes, only its part. Nsight Compute kernel
-// times on an H100, bf16, us, one CTA a row -> parts (RESULTS.md table 3,
-// "Rows split into parts"): 16x4096 RMSNorm 3.22 -> 3.18, LayerNorm 3.65 ->
-// 3.54 (4 parts); 16x8192 3.63 -> 3.50, 4.16 -> 3.92 (4); 32x8192 3.82 ->
-// 3.68, 4.13 -> 3.95 (2); 1x8192 3.50 -> 3.34, 4.13 -> 3.87 (4). At 64 rows
-// two parts were level; eight or sixteen parts gained nothing more.
+// LayerNorm's rows of at most a quarter of the SMs are split into gridDim.y
+// parts (at most kDecodeMaxParts, rows x parts within half the SMs): each
+// part's CTA reads the whole row for its statistics (from L2 after the
+// first), but loads gamma and beta for, and writes, only its part. Same-call
+// A/B, Nsight Compute kernel times on an H100, bf16, median of calls 2-5,
+// two rounds, us, one CTA a row -> parts (RESULTS.md table 3, "LayerNorm's
+// decode rows split into parts"): 1x4096 3.54 / 3.57 -> 3.42 / 3.42 (4
+// parts); 16x4096 3.60 / 3.58 -> 3.52 / 3.50 (4); 1x8192 4.03 / 4.00 ->
+// 3.86 / 3.87 (4); 16x8192 4.06 / 4.06 -> 3.92 / 3.94 (4); 32x8192 4.08 /
+// 4.05 -> 3.95 / 3.95 (2). RMSNorm's, with gamma alone, was level or slower
+// (16x4096 3.12 / 3.10 -> 3.20 / 3.17), and eight or sixteen parts gained
+// nothing over four.
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
@@ -522,9 +525,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
   // Part blockIdx.y of gridDim.y: this CTA reads the whole row for its
   // statistics, but loads the parameters of, and writes, only its packs.
-  // (The wide instance, ITEMS > kDecodeItems, takes more rows than SMs and
-  // is never split.)
-  constexpr bool kSplit = ITEMS == kDecodeItems;
+  // (Only LayerNorm's rows are split, and not in the wide instance, ITEMS >
+  // kDecodeItems, which takes more rows than SMs.)
+  constexpr bool kSplit = K == NormKind::kLayer && ITEMS == kDecodeItems;
   const int part = kSplit ? static_cast<int>(blockIdx.y) : 0, parts = static_cast<int>(gridDim.y);
   const int lo = nvec * part / parts, hi = nvec * (part + 1) / parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
@@ -533,10 +536,12 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   for (int i = 0; i < ITEMS; ++i) {
     in[i] = pack(i) < nvec;
     mine[i] = kSplit ? pack(i) >= lo && pack(i) < hi : in[i];
-    if (in[i]) xv[i] = x[pack(i)];
-    if (mine[i]) {
-      if (gamma) gv[i] = gamma[pack(i)];
-      if (beta) bv[i] = beta[pack(i)];
+    if (in[i]) {
+      xv[i] = x[pack(i)];
+      if (mine[i]) {
+        if (gamma) gv[i] = gamma[pack(i)];
+        if (beta) bv[i] = beta[pack(i)];
+      }
     }
   }
   float shift = 0.f;
@@ -1866,10 +1871,12 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         }
         const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
         auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
-        // Rows of at most a quarter of the SMs are split into parts (each CTA
-        // reads its row, and loads the parameters of and writes a part):
-        // more SMs load the parameters and store y at once.
-        const int parts = static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts));
+        // LayerNorm's rows of at most a quarter of the SMs are split into
+        // parts (each CTA reads its row, and loads the parameters of and
+        // writes a part): more SMs load gamma and beta and store y at once.
+        const int parts = K == NormKind::kLayer
+                              ? static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts))
+                              : 1;
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
