@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // 4.05 -> 3.95 / 3.95 (2). RMSNorm's, with gamma alone, was level or slower
 // (16x4096 3.12 / 3.10 -> 3.20 / 3.17), and eight or sixteen parts gained
 // nothing over four.
-template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false>
+template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -523,26 +523,25 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   const V* gamma = static_cast<const V*>(a.gamma);
   const V* beta = K == NormKind::kLayer ? static_cast<const V*>(a.beta) : nullptr;
   auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
-  // Part blockIdx.y of gridDim.y: this CTA reads the whole row for its
+  // SPLIT: part blockIdx.y of gridDim.y. This CTA reads the whole row for its
   // statistics, but loads the parameters of, and writes, only its packs.
-  // (Only LayerNorm's rows are split, and not in the wide instance, ITEMS >
-  // kDecodeItems, which takes more rows than SMs.)
-  constexpr bool kSplit = K == NormKind::kLayer && ITEMS == kDecodeItems;
-  const int part = kSplit ? static_cast<int>(blockIdx.y) : 0, parts = static_cast<int>(gridDim.y);
+  const int part = SPLIT ? static_cast<int>(blockIdx.y) : 0, parts = static_cast<int>(gridDim.y);
   const int lo = nvec * part / parts, hi = nvec * (part + 1) / parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
   bool in[ITEMS], mine[ITEMS];
+  auto load_params = [&](int i) {
+    if (gamma) gv[i] = gamma[pack(i)];
+    if (beta) bv[i] = beta[pack(i)];
+  };
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     in[i] = pack(i) < nvec;
-    mine[i] = kSplit ? pack(i) >= lo && pack(i) < hi : in[i];
+    mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
-      if (mine[i]) {
-        if (gamma) gv[i] = gamma[pack(i)];
-        if (beta) bv[i] = beta[pack(i)];
-      }
+      if (!SPLIT) load_params(i);
     }
+    if (SPLIT && mine[i]) load_params(i);
   }
   float shift = 0.f;
   if constexpr (K == NormKind::kLayer) shift = layer_shift([&](int c) { return to_float(xrow[c]); }, H);
@@ -1874,9 +1873,13 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // LayerNorm's rows of at most a quarter of the SMs are split into
         // parts (each CTA reads its row, and loads the parameters of and
         // writes a part): more SMs load gamma and beta and store y at once.
-        const int parts = K == NormKind::kLayer
-                              ? static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts))
-                              : 1;
+        int parts = 1;
+        if constexpr (K == NormKind::kLayer) {
+          parts = static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts));
+          if (parts > 1)
+            kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true, true>
+                           : fwd_decode<K, T, VEC, kDecodeItems, false, true>;
+        }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
       }
