@@ -500,17 +500,18 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // 6.2, table 6q).
 //
 // LayerNorm's rows of at most a quarter of the SMs are split into gridDim.y
-// parts (at most kDecodeMaxParts, rows x parts within half the SMs): each
-// part's CTA reads the whole row for its statistics (from L2 after the
-// first), but loads gamma and beta for, and writes, only its part. Same-call
-// A/B, Nsight Compute kernel times on an H100, bf16, median of calls 2-5,
-// two rounds, us, one CTA a row -> parts (RESULTS.md table 3, "LayerNorm's
-// decode rows split into parts"): 1x4096 3.54 / 3.57 -> 3.42 / 3.42 (4
-// parts); 16x4096 3.60 / 3.58 -> 3.52 / 3.50 (4); 1x8192 4.03 / 4.00 ->
-// 3.86 / 3.87 (4); 16x8192 4.06 / 4.06 -> 3.92 / 3.94 (4); 32x8192 4.08 /
-// 4.05 -> 3.95 / 3.95 (2). RMSNorm's, with gamma alone, was level or slower
-// (16x4096 3.12 / 3.10 -> 3.20 / 3.17), and eight or sixteen parts gained
-// nothing over four.
+// parts (SPLIT; at most kDecodeMaxParts, rows x parts within half the SMs):
+// each part's CTA reads the whole row for its statistics (from L2 after the
+// first), but loads gamma and beta for, and writes, only its part, so more
+// SMs load the parameters and store y at once. Same-call A/B, Nsight
+// Compute kernel times on an H100, bf16, median of calls 2-5, two rounds,
+// us, one CTA a row -> parts (RESULTS.md table 3, "LayerNorm's decode rows
+// split into parts"): 1x4096 3.55 / 3.54 -> 3.46 / 3.46 (4 parts); 16x4096
+// 3.58 / 3.58 -> 3.52 / 3.52 (4); 32x4096 3.55 / 3.55 -> 3.52 / 3.52 (2);
+// 1x8192 4.05 / 4.02 -> 3.86 / 3.84 (4); 16x8192 4.10 / 4.08 -> 3.92 / 3.92
+// (4); 32x8192 4.05 / 4.03 -> 3.94 / 3.94 (2). RMSNorm's rows, with gamma
+// alone, split the same way were level or slower (16x4096 3.12 / 3.10 ->
+// 3.20 / 3.17), and eight or sixteen parts gained nothing over four.
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
