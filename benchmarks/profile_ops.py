@@ -49,21 +49,26 @@ def main():
     p.add_argument("ops", nargs="+")
     p.add_argument("--rows", type=int, default=32768)
     p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--shapes", default=None,
+                   help="ROWSxHIDDEN,... instead of --rows/--hidden: each shape in turn, every op at each")
     p.add_argument("--calls", type=int, default=3)
     a = p.parse_args()
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes
+              else [(a.rows, a.hidden)])
     # Made on the host: no device kernels run before the ops profiled.
     rng = np.random.default_rng(0)
     put = lambda shape, scale=1.0, offset=0.0: jax.device_put(
         (offset + scale * rng.standard_normal(shape, np.float32)).astype(jnp.bfloat16))
-    x, dy = put((a.rows, a.hidden)), put((a.rows, a.hidden))
-    g, b = put((a.hidden,), 0.1, 1.0), put((a.hidden,), 0.1)
-    for name in a.ops:
-        # The arrays are arguments: closed over, they were constants, and XLA
-        # folded its jnp norms at compile time (no kernel ran).
-        f = jax.jit(lambda x, g, b, dy, name=name: ops(x, g, b, dy)[name]())
-        for _ in range(a.calls):
-            jax.block_until_ready(f(x, g, b, dy))
-        print(name, "ran", a.calls, "times")
+    for rows, hidden in shapes:
+        x, dy = put((rows, hidden)), put((rows, hidden))
+        g, b = put((hidden,), 0.1, 1.0), put((hidden,), 0.1)
+        for name in a.ops:
+            # The arrays are arguments: closed over, they were constants, and
+            # XLA folded its jnp norms at compile time (no kernel ran).
+            f = jax.jit(lambda x, g, b, dy, name=name: ops(x, g, b, dy)[name]())
+            for _ in range(a.calls):
+                jax.block_until_ready(f(x, g, b, dy))
+            print(name, f"{rows}x{hidden}", "ran", a.calls, "times")
 
 
 if __name__ == "__main__":

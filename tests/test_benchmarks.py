@@ -4,6 +4,8 @@ error where they differ), with the options its device runs use. So does
 bench_ours.py, the A/B timer of our ops alone."""
 
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +47,28 @@ def test_bench_ours_cells():
         assert len([line for line in out.splitlines() if line.startswith(f"| {op} bfloat16/")]) == count, out
     out = run_script(OURS, "--elements", "8192", "--reps", "2", "--dtype", "float32", "ln_fwd:512")
     assert "| ln_fwd float32/float32 | 16x512 |" in out, out
+
+
+def test_ncu_times(tmp_path):
+    """ncu_times.py reads an Nsight Compute CSV (one row a metric and launch;
+    ncu's own lines and other kernels' launches skipped) into one row a shape
+    and op: the median of calls 2.., and refuses a launch count that does not
+    fit the shapes x ops x calls it was told."""
+    header = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"\n'
+    rows, launch = [], 0
+    for shape_us in ((9.0, 3.0, 5.0, 4.0), (7.0, 2.0, 2.5, 2.25)):  # two shapes of one op, 4 calls each
+        for us in shape_us:
+            rows.append(f'"{launch}","redzone_check","(8, 1, 1)","gpu__time_duration.sum","ns","1,000"\n')
+            rows.append(f'"{launch + 1}","void fwd_decode<1>(FwdArgs)","(16, 4, 1)",'
+                        f'"gpu__time_duration.sum","ns","{us * 1000:,.0f}"\n')
+            launch += 2
+    csv = tmp_path / "ncu.csv"
+    csv.write_text("==PROF== Connected to process 1\n" + header + "".join(rows))
+    tool = BENCH.parent / "ncu_times.py"
+    out = run_script(tool, str(csv), "--ops", "ln_fwd", "--shapes", "16x4096,16x8192", "--calls", "4",
+                     "--kernels", "fwd_decode")
+    assert "| ln_fwd 16x4096 | 4.00 | (16,4,1) | 9.00 3.00 5.00 4.00" in out, out
+    assert "| ln_fwd 16x8192 | 2.25 | (16,4,1) | 7.00 2.00 2.50 2.25" in out, out
+    bad = subprocess.run([sys.executable, str(tool), str(csv), "--ops", "ln_fwd", "--shapes", "16x4096",
+                          "--calls", "4", "--kernels", "fwd_decode"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "8 launches match" in bad.stderr, bad.stderr
