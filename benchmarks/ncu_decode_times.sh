@@ -2,6 +2,8 @@
 # Kernel times of the decode-time forward under Nsight Compute (the installed
 # package; RESULTS.md table 3, "LayerNorm's decode rows split into parts"):
 #   bash benchmarks/ncu_decode_times.sh
+# XLA's fusions too (recorded inside its CUDA graphs):
+#   OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
 # or, against a reference tree, in one device call:
 #   ROUNDS=2 bash benchmarks/ab_same_call.sh dist/ref bash benchmarks/ncu_decode_times.sh
 set -uo pipefail
@@ -9,7 +11,7 @@ SHAPES=${SHAPES:-1x4096,16x4096,32x4096,64x4096,1x8192,16x8192,32x8192,64x8192,1
 OPS=${OPS:-rms_fwd ln_fwd}
 csv=$(mktemp)
 # shellcheck disable=SC2086
-ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+ncu --csv --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum \
   python3 benchmarks/profile_ops.py $OPS --shapes "$SHAPES" --calls 5 > "$csv" 2> "$csv.err" ||
   { tail -20 "$csv.err"; exit 1; }
 # shellcheck disable=SC2086
