@@ -2,8 +2,9 @@
 # Kernel times of the decode-time forward under Nsight Compute (the installed
 # package; RESULTS.md table 3, "LayerNorm's decode rows split into parts"):
 #   bash benchmarks/ncu_decode_times.sh
-# XLA's fusions too (recorded inside its CUDA graphs):
-#   OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
+# XLA's fusions too (recorded inside its CUDA graphs; not at one row, where XLA runs
+# two or three kernels a norm):
+#   SHAPES=16x4096,32x8192 OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
 # or, against a reference tree, in one device call:
 #   ROUNDS=2 bash benchmarks/ab_same_call.sh dist/ref bash benchmarks/ncu_decode_times.sh
 set -uo pipefail
