@@ -101,8 +101,8 @@ def test_forward_backward(kind, dtype, shape, platform):
 # packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
 # pack more, takes the general one. Both sides of each bound, every dtype.
 # Rows of more than 1024 packs, more than one a SM, take fwd_decode's
-# variant of four packs a thread (float32 and RMSNorm). Rows of at most a
-# quarter of the SMs are split into parts of a row: four parts of 37 packs
+# variant of four packs a thread (float32 and RMSNorm). LayerNorm's rows, where
+# they are at most a quarter of the SMs, are split into parts: four parts of 37 packs
 # (9, 9, 9 and 10), two of 37 and of 2048.
 def _decode_bounds():
     sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
