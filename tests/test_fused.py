@@ -257,18 +257,24 @@ def _run_fp8(platform, f, x, gamma, beta, **kw):
     return jax.jit(f)(x_, g_, b_, **kw)
 
 
+def _fp8_case(tag, kind, dtype, shape, fmt, platform, quant, **kw):
+    """One FP8-output case on fresh data keyed by (tag, kind, shape): x = 2 *
+    N(0, 1) + 0.5 and its parameters (x, gamma, beta), the op's outputs on
+    `platform`, the float64 reference y, and the case's name."""
+    key = case_key((tag, kind, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    outs = _run_fp8(platform, _fp8_fn(kind, quant, out_dtype=fmt), x, gamma, beta, **kw)
+    return (x, gamma, beta), outs, _ref_y(kind, x, gamma, beta), f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
 @pytest.mark.parametrize("shape", FP8_SHAPES, ids=sid)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_tensor(kind, dtype, shape, fmt, platform):
-    key = case_key(("t", kind, shape))
-    x = random(key, shape, dtype, scale=2.0, offset=0.5)
-    gamma, beta = _params(kind, shape[-1], dtype, key)
     scale = np.float32(37.5 if fmt == E4M3 else 3000.0)
-    q, amax = _run_fp8(platform, _fp8_fn(kind, "tensor", out_dtype=fmt), x, gamma, beta, scale=scale)
-    y = _ref_y(kind, x, gamma, beta)
-    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
+    _, (q, amax), y, what = _fp8_case("t", kind, dtype, shape, fmt, platform, "tensor", scale=scale)
     assert q.shape == shape and amax.shape == () and amax.dtype == jnp.float32
     np.testing.assert_allclose(float(amax), np.abs(y).max(), rtol=2e-5, err_msg=what + " amax")
     m = FP8_MAX[np.dtype(fmt)]
@@ -299,12 +305,7 @@ def test_fp8_rowwise_many_rows(kind, shape, platform):
 def _check_fp8_rowwise(kind, dtype, shape, fmt, platform, tag):
     """Per-row FP8 output against the float64 reference: the row scales, q, and
     each row's largest |q| at the format's max."""
-    key = case_key((tag, kind, shape))
-    x = random(key, shape, dtype, scale=2.0, offset=0.5)
-    gamma, beta = _params(kind, shape[-1], dtype, key)
-    q, rs = _run_fp8(platform, _fp8_fn(kind, "row", out_dtype=fmt), x, gamma, beta)
-    y = _ref_y(kind, x, gamma, beta)
-    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)}"
+    _, (q, rs), y, what = _fp8_case(tag, kind, dtype, shape, fmt, platform, "row")
     assert rs.shape == shape[:-1] and rs.dtype == jnp.float32
     np.testing.assert_allclose(f64(rs), ref_scales(np.abs(y).max(-1), fmt), rtol=2e-5, err_msg=what + " scales")
     m = FP8_MAX[np.dtype(fmt)]
@@ -318,12 +319,8 @@ def _check_fp8_rowwise(kind, dtype, shape, fmt, platform, tag):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_current(kind, dtype, shape, fmt, platform):
-    key = case_key(("c", kind, shape))
-    x = random(key, shape, dtype, scale=2.0, offset=0.5)
-    gamma, beta = _params(kind, shape[-1], dtype, key)
-    q, si = _run_fp8(platform, _fp8_fn(kind, "current", out_dtype=fmt), x, gamma, beta)
-    y = _ref_y(kind, x, gamma, beta)
-    what = f"{kind} {dname(dtype)} {shape} {dname(fmt)} current"
+    (x, gamma, beta), (q, si), y, what = _fp8_case("c", kind, dtype, shape, fmt, platform, "current")
+    what += " current"
     assert si.shape == () and si.dtype == jnp.float32
     np.testing.assert_allclose(float(si), ref_scales(np.abs(y).max(), fmt), rtol=2e-5, err_msg=what)
     m = FP8_MAX[np.dtype(fmt)]
