@@ -1036,6 +1036,13 @@ inline int pow2_ceil(int64_t v) {
   return p;
 }
 
+// The largest power of two at most v (v >= 1).
+inline int pow2_floor(int64_t v) {
+  int p = 1;
+  while (2 * static_cast<int64_t>(p) <= v) p <<= 1;
+  return p;
+}
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Threads for a row (or a CTA's slice of one) of `packs` packs, `items` a

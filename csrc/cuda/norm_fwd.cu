@@ -526,8 +526,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
   // SPLIT: part blockIdx.y of gridDim.y. This CTA reads the whole row for its
   // statistics, but loads the parameters of, and writes, only its packs.
-  const int part = SPLIT ? static_cast<int>(blockIdx.y) : 0, parts = static_cast<int>(gridDim.y);
-  const int lo = nvec * part / parts, hi = nvec * (part + 1) / parts;
+  // gridDim.y is a power of two (the launcher's): the bounds take a shift.
+  const int part = SPLIT ? static_cast<int>(blockIdx.y) : 0, log_parts = __ffs(static_cast<int>(gridDim.y)) - 1;
+  const int lo = (nvec * part) >> log_parts, hi = (nvec * (part + 1)) >> log_parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
   bool in[ITEMS], mine[ITEMS];
   auto load_params = [&](int i) {
@@ -544,6 +545,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     }
     if (SPLIT && mine[i]) load_params(i);
   }
+  // What the row's end needs (y, rstd and mean, eps, 1 / H), read here, as x
+  // arrives: left to ptxas, the kernel parameters were read from the constant
+  // bank after the row's reduction, on its critical path.
+  float eps = a.eps, inv_h = 1.f / static_cast<float>(H);
+  T* y = static_cast<T*>(a.y) + row * H;
+  float *rstd_out = a.rstd, *mean_out = a.mean;
+  asm volatile("" : "+f"(eps), "+f"(inv_h), "+l"(y), "+l"(rstd_out), "+l"(mean_out));
   float shift = 0.f;
   if constexpr (K == NormKind::kLayer) shift = layer_shift([&](int c) { return to_float(xrow[c]); }, H);
   float v[ITEMS][VEC];
@@ -560,13 +568,12 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   row_sum<kSums>(acc, smem);
   float mean = 0.f, rstd;
   if constexpr (K == NormKind::kLayer) {
-    const float2 mm = shifted_mean_m2(acc, shift, H);
-    mean = mm.x;
-    rstd = rsqrtf(mm.y / static_cast<float>(H) + a.eps);
+    const float m1 = acc[0] * inv_h;
+    mean = shift + m1;
+    rstd = rsqrtf(fmaxf(acc[1] - acc[0] * m1, 0.f) * inv_h + eps);
   } else {
-    rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    rstd = rsqrtf(acc[0] * inv_h + eps);
   }
-  T* y = static_cast<T*>(a.y) + row * H;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (mine[i]) {
@@ -588,8 +595,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     }
   }
   if (threadIdx.x == 0 && part == 0) {
-    a.rstd[row] = rstd;
-    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+    rstd_out[row] = rstd;
+    if constexpr (K == NormKind::kLayer) mean_out[row] = mean;
   }
 }
 
@@ -1876,7 +1883,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // writes a part): more SMs load gamma and beta and store y at once.
         int parts = 1;
         if constexpr (K == NormKind::kLayer) {
-          parts = static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts));
+          parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
           if (parts > 1)
             kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true, true>
                            : fwd_decode<K, T, VEC, kDecodeItems, false, true>;
