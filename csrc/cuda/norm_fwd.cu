@@ -555,17 +555,23 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   float shift = 0.f;
   if constexpr (K == NormKind::kLayer) shift = layer_shift([&](int c) { return to_float(xrow[c]); }, H);
   float v[ITEMS][VEC];
-  float acc[kSums] = {};
+  // Two chains of dependent adds (even and odd packs), added at the end:
+  // half the latency of one. (One a pack spilled the float32 LayerNorm
+  // instance of four packs at 64 registers.)
+  float sums[2][kSums] = {};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
     if (in[i]) {
       unpack(xv[i], v[i]);
-      add_shifted_sums<kSums>(acc, v[i], shift);
+      add_shifted_sums<kSums>(sums[i % 2], v[i], shift);
     }
   }
-  row_sum<kSums>(acc, smem);
+  float acc[kSums];
+#pragma unroll
+  for (int m = 0; m < kSums; ++m) acc[m] = sums[0][m] + sums[1][m];
+  row_sum_wide<kSums>(acc, smem);
   float mean = 0.f, rstd;
   if constexpr (K == NormKind::kLayer) {
     const float m1 = acc[0] * inv_h;
