@@ -512,6 +512,18 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // (4); 32x8192 4.05 / 4.03 -> 3.94 / 3.94 (2). RMSNorm's rows, with gamma
 // alone, split the same way were level or slower (16x4096 3.12 / 3.10 ->
 // 3.20 / 3.17), and eight or sixteen parts gained nothing over four.
+//
+// The row's fixed work is kept off its critical path (RESULTS.md table 3,
+// "The decode forward's fixed work"): the kernel parameters the row's end
+// needs are read as x arrives, H's reciprocal is taken then (no division
+// after the reduction), the split's bounds are shifts, a thread's sums run
+// in two chains, and the warps' partials are added by a butterfly. Nsight
+// Compute on an H100 had found the constant-bank reads of y and eps after
+// the reduction, waiting, and 1.6x the instructions a warp of XLA's kernel
+// of the same grid. Same-call A/B, kernel us, bf16, two rounds, before ->
+// after: RMSNorm 16x4096 2.93 / 2.91 -> 2.77 / 2.77, 32x8192 3.41 / 3.41 ->
+// 3.20 / 3.18; LayerNorm 16x4096 3.31 / 3.31 -> 2.93 / 2.90, 32x8192 3.78 /
+// 3.76 -> 3.20 / 3.22, 64x8192 3.97 / 3.97 -> 3.44 / 3.42.
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
