@@ -155,167 +155,91 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
         static_cast<const float*>(coef.untyped_data()), dh);                                    \
   }                                                                                             \
   }                                                                                             \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormStats,                                                                     \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, nullptr, *out, nullptr);  \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 1, 1),                           \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormStats,                                                                   \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out) {     \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, nullptr, *out, nullptr); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 1, 1),                           \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormAddStats,                                                                  \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer res,                            \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h) { \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, &res, *out, &*h);         \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 2, 2),                                                                  \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormAddStats,                                                                \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer res,                            \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h) { \
-        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, &res, *out, &*h);       \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 2, 2),                                                                  \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormGradStats,                                                                 \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
-         ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, bool zc,       \
-         bool has_gamma) {                                                                      \
-        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kRms>(CTX dy, x, nullptr, rstd, g,  \
-                                                                    *out, zc, has_gamma);       \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 4, 1)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormGradStats,                                                               \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
-         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g,                                   \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> out, bool zc, bool has_gamma) {              \
-        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kLayer>(CTX dy, x, &mean, rstd, g,  \
-                                                                      *out, zc, has_gamma);     \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 1)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormApply,                                                                     \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer rstd,  \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, bool zc, bool has_gamma) {                \
-        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kRms>(CTX x, g, nullptr, nullptr, rstd, \
-                                                                *y, zc, has_gamma, false);      \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 3, 1)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormApply,                                                                   \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,     \
-         ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd,                                \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, bool zc, bool has_gamma, bool has_beta) { \
-        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kLayer>(CTX x, g, &b, &mean, rstd, *y,  \
-                                                                  zc, has_gamma, has_beta);     \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 1)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                                                                            \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormApplyFp8,                                                                  \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer rstd,  \
-         ::xla::ffi::AnyBuffer s, ::xla::ffi::Result<::xla::ffi::AnyBuffer> q,                   \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, bool zc, bool has_gamma, int32_t quant,   \
-         int64_t group_size, float scale_ub, bool inverted, bool measure) {                     \
-        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kRms>(                              \
+  JRN_HANDLER(PREFIX##RmsNormStats, JRN_BUFFERS(BIND, 1, 1),                                       \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiRet out) {                                            \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, nullptr, *out, nullptr);     \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormStats, JRN_BUFFERS(BIND, 1, 1),                                     \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiRet out) {                                            \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, nullptr, *out, nullptr);   \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormAddStats, JRN_BUFFERS(BIND, 2, 2),                                    \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf res, ::jrn::FfiRet out, ::jrn::FfiRet h) {        \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kRms>(CTX x, &res, *out, &*h);            \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormAddStats, JRN_BUFFERS(BIND, 2, 2),                                  \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf res, ::jrn::FfiRet out, ::jrn::FfiRet h) {        \
+        return jrn_dist_##PREFIX::Stats<::jrn::NormKind::kLayer>(CTX x, &res, *out, &*h);          \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormGradStats, JRN_BUFFERS(BIND, 4, 1) JRN_GAMMA_ATTRS,                   \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
+         ::jrn::FfiRet out, bool zc, bool has_gamma) {                                             \
+        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kRms>(CTX dy, x, nullptr, rstd, g,    \
+                                                                    *out, zc, has_gamma);          \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormGradStats, JRN_BUFFERS(BIND, 5, 1) JRN_GAMMA_ATTRS,                 \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
+         ::jrn::FfiBuf g, ::jrn::FfiRet out, bool zc, bool has_gamma) {                            \
+        return jrn_dist_##PREFIX::GradStats<::jrn::NormKind::kLayer>(CTX dy, x, &mean, rstd, g,    \
+                                                                      *out, zc, has_gamma);        \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormApply, JRN_BUFFERS(BIND, 3, 1) JRN_GAMMA_ATTRS,                       \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf rstd, ::jrn::FfiRet y, bool zc,  \
+         bool has_gamma) {                                                                         \
+        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kRms>(CTX x, g, nullptr, nullptr, rstd,   \
+                                                                *y, zc, has_gamma, false);         \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormApply, JRN_BUFFERS(BIND, 5, 1) JRN_GAMMA_BETA_ATTRS,                \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf mean,           \
+         ::jrn::FfiBuf rstd, ::jrn::FfiRet y, bool zc, bool has_gamma, bool has_beta) {            \
+        return jrn_dist_##PREFIX::Apply<::jrn::NormKind::kLayer>(CTX x, g, &b, &mean, rstd, *y,    \
+                                                                  zc, has_gamma, has_beta);        \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormApplyFp8,                                                             \
+      JRN_BUFFERS(BIND, 4, 2) JRN_GAMMA_ATTRS JRN_APPLY_FP8_ATTRS,                                 \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf rstd, ::jrn::FfiBuf s,           \
+         ::jrn::FfiRet q, ::jrn::FfiRet qs, bool zc, bool has_gamma, int32_t quant,                \
+         int64_t group_size, float scale_ub, bool inverted, bool measure) {                        \
+        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kRms>(                                 \
             CTX x, g, nullptr, nullptr, rstd, s, *q, *qs, zc, has_gamma, false, quant, group_size, \
-            scale_ub, inverted, measure);                                                       \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 4, 2)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma") JRN_APPLY_FP8_ATTRS,                                         \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormApplyFp8,                                                                \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,     \
-         ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer s,        \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> q, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, \
-         bool zc, bool has_gamma, bool has_beta, int32_t quant, int64_t group_size,             \
-         float scale_ub, bool inverted, bool measure) {                                         \
-        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kLayer>(                            \
-            CTX x, g, &b, &mean, rstd, s, *q, *qs, zc, has_gamma, has_beta, quant, group_size,  \
-            scale_ub, inverted, measure);                                                       \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 2)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta") JRN_APPLY_FP8_ATTRS,                                          \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormBwdGiven,                                                                  \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
-         ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,                                   \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
-        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                              \
+            scale_ub, inverted, measure);                                                          \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormApplyFp8,                                                           \
+      JRN_BUFFERS(BIND, 6, 2) JRN_GAMMA_BETA_ATTRS JRN_APPLY_FP8_ATTRS,                            \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf mean,           \
+         ::jrn::FfiBuf rstd, ::jrn::FfiBuf s, ::jrn::FfiRet q, ::jrn::FfiRet qs, bool zc,          \
+         bool has_gamma, bool has_beta, int32_t quant, int64_t group_size, float scale_ub,         \
+         bool inverted, bool measure) {                                                            \
+        return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kLayer>(                               \
+            CTX x, g, &b, &mean, rstd, s, *q, *qs, zc, has_gamma, has_beta, quant, group_size,     \
+            scale_ub, inverted, measure);                                                          \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormBwdGiven, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                    \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
+         ::jrn::FfiBuf coef, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet ws, bool zc,        \
+         bool has_gamma) {                                                                         \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                                 \
             CTX dy, x, nullptr, rstd, g, coef, *dx, *dg, nullptr, *ws, zc, has_gamma, false, nullptr); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 3)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormBwdGiven,                                                                \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
-         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,       \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
-         bool zc, bool has_gamma, bool has_beta) {                                              \
-        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                            \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormBwdGiven, JRN_BUFFERS(BIND, 6, 4) JRN_GAMMA_BETA_ATTRS,             \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
+         ::jrn::FfiBuf g, ::jrn::FfiBuf coef, ::jrn::FfiRet dx, ::jrn::FfiRet dg,                  \
+         ::jrn::FfiRet db, ::jrn::FfiRet ws, bool zc, bool has_gamma, bool has_beta) {             \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                               \
             CTX dy, x, &mean, rstd, g, coef, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, nullptr); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 4)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormBwdGivenAdd,                                                               \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
-         ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef, ::xla::ffi::AnyBuffer dh,         \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
-        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                              \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormBwdGivenAdd, JRN_BUFFERS(BIND, 6, 3) JRN_GAMMA_ATTRS,                 \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
+         ::jrn::FfiBuf coef, ::jrn::FfiBuf dh, ::jrn::FfiRet dx, ::jrn::FfiRet dg,                 \
+         ::jrn::FfiRet ws, bool zc, bool has_gamma) {                                              \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kRms>(                                 \
             CTX dy, x, nullptr, rstd, g, coef, *dx, *dg, nullptr, *ws, zc, has_gamma, false, &dh); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 3)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormBwdGivenAdd,                                                             \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
-         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer coef,       \
-         ::xla::ffi::AnyBuffer dh, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx,                \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma, bool has_beta) { \
-        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                            \
-            CTX dy, x, &mean, rstd, g, coef, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, &dh); \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 7, 4)                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible})
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormBwdGivenAdd, JRN_BUFFERS(BIND, 7, 4) JRN_GAMMA_BETA_ATTRS,          \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
+         ::jrn::FfiBuf g, ::jrn::FfiBuf coef, ::jrn::FfiBuf dh, ::jrn::FfiRet dx,                  \
+         ::jrn::FfiRet dg, ::jrn::FfiRet db, ::jrn::FfiRet ws, bool zc, bool has_gamma,            \
+         bool has_beta) {                                                                          \
+        return jrn_dist_##PREFIX::BwdGiven<::jrn::NormKind::kLayer>(                               \
+            CTX dy, x, &mean, rstd, g, coef, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, &dh);   \
+      })

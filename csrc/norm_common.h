@@ -301,6 +301,10 @@ inline ffi::Error decode_bwd(NormKind kind, const ffi::AnyBuffer& dy, const ffi:
   return ffi::Error::Success();
 }
 
+// The buffer types of the handlers' signatures.
+using FfiBuf = ffi::AnyBuffer;
+using FfiRet = ffi::Result<ffi::AnyBuffer>;
+
 // The parameter dtype a kernel is instantiated for: gamma's (or beta's), else x's.
 inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
                                 const ffi::AnyBuffer* beta, bool has_gamma, bool has_beta) {
@@ -322,6 +326,18 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 #define JRN_REP7(X) X X X X X X X
 #define JRN_BUFFERS(BIND, A, R) \
   BIND JRN_REP##A(.Arg<::xla::ffi::AnyBuffer>()) JRN_REP##R(.Ret<::xla::ffi::AnyBuffer>())
+
+// One handler of the platform's set: the symbol NAME, its binding (JRN_BUFFERS
+// and the attributes), then its body, a lambda taking the context, the
+// buffers (::jrn::FfiBuf, results ::jrn::FfiRet) and the attributes in that
+// order. Every handler is safe inside XLA's command buffers (CUDA graphs).
+#define JRN_HANDLER(NAME, BINDING, ...) \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, __VA_ARGS__, BINDING, {::xla::ffi::Traits::kCmdBufferCompatible})
+
+// The parameters' attributes: a zero-centred scale and whether gamma (and
+// LayerNorm's beta) is given.
+#define JRN_GAMMA_ATTRS .Attr<bool>("zero_centered_gamma").Attr<bool>("has_gamma")
+#define JRN_GAMMA_BETA_ATTRS JRN_GAMMA_ATTRS.Attr<bool>("has_beta")
 
 // ---- The four FFI handlers of one platform, defined once for both.
 //
@@ -374,58 +390,33 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
         [&]<class T, class P>() { return BACKEND::bwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
   }                                                                                             \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormFwd,                                                                       \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,             \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, float eps, bool zc, bool has_gamma) {                \
-        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, *y, nullptr, \
-                                                                 *rstd, eps, zc, has_gamma,     \
-                                                                 false);                        \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 2, 2)                                                                \
-          .Attr<float>("eps")                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormFwd,                                                                     \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,                          \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, ::xla::ffi::Result<::xla::ffi::AnyBuffer> mean,                        \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, float eps, bool zc, bool has_gamma, bool has_beta) {  \
-        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                             \
-            CTX x, g, &b, *y, &*mean, *rstd, eps, zc, has_gamma, has_beta);                     \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 3, 3)                                                                \
-          .Attr<float>("eps")                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormBwd,                                                                       \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g,    \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg,                         \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {                             \
-        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                               \
+  JRN_HANDLER(PREFIX##RmsNormFwd, JRN_BUFFERS(BIND, 2, 2) .Attr<float>("eps") JRN_GAMMA_ATTRS,     \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiRet y, ::jrn::FfiRet rstd,           \
+         float eps, bool zc, bool has_gamma) {                                                     \
+        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, *y, nullptr,   \
+                                                                 *rstd, eps, zc, has_gamma,        \
+                                                                 false);                           \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormFwd,                                                                \
+      JRN_BUFFERS(BIND, 3, 3) .Attr<float>("eps") JRN_GAMMA_BETA_ATTRS,                            \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiRet y,              \
+         ::jrn::FfiRet mean, ::jrn::FfiRet rstd, float eps, bool zc, bool has_gamma,               \
+         bool has_beta) {                                                                          \
+        return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                \
+            CTX x, g, &b, *y, &*mean, *rstd, eps, zc, has_gamma, has_beta);                        \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormBwd, JRN_BUFFERS(BIND, 4, 3) JRN_GAMMA_ATTRS,                         \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
+         ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet ws, bool zc, bool has_gamma) {          \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
             CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false);                   \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 4, 3)                                                                \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                                     \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormBwd,                                                                     \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, ::xla::ffi::AnyBuffer rstd, \
-         ::xla::ffi::AnyBuffer g, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg,        \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma, \
-         bool has_beta) {                                                                       \
-        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                             \
-            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),  \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta);                \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 4)                                                                \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible})
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false);                      \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormBwd, JRN_BUFFERS(BIND, 5, 4) JRN_GAMMA_BETA_ATTRS,                  \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
+         ::jrn::FfiBuf g, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet db, ::jrn::FfiRet ws,  \
+         bool zc, bool has_gamma, bool has_beta) {                                                 \
+        return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),    \
+            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta);                   \
+      })

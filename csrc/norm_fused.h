@@ -198,6 +198,11 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
 // (with x_group_size > 0) dequantizes an FP8 x, one scale per group of
 // columns; y is then in the kernel's element type. Backward: the plain
 // backward's operands plus dh, added to dx.
+// The attributes that follow the parameters' in the fused forward.
+#define JRN_FUSED_FWD_ATTRS                                                         \
+  .Attr<bool>("has_residual").Attr<int32_t>("quant").Attr<int64_t>("group_size") \
+      .Attr<float>("scale_ub").Attr<int64_t>("x_group_size")
+
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
   namespace jrn_fused_##PREFIX {                                                                \
   using namespace ::jrn;                                                                        \
@@ -223,84 +228,44 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
         [&]<class T, class P>() { return BACKEND::fwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
   }                                                                                             \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormFwdFused,                                                                  \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer r,    \
-         ::xla::ffi::AnyBuffer s, ::xla::ffi::AnyBuffer xs, ::xla::ffi::Result<::xla::ffi::AnyBuffer> y, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt, \
-         float eps, bool zc, bool has_gamma,                                                    \
-         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) { \
-        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,  \
+  JRN_HANDLER(PREFIX##RmsNormFwdFused,                                                             \
+      JRN_BUFFERS(BIND, 5, 5) .Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,             \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
+         ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
+         ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps, bool zc, bool has_gamma,                   \
+         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {  \
+        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,     \
                                                               nullptr, *rstd, *h, *qs, *qt, eps, zc, \
-                                                              has_gamma, false, has_residual,   \
-                                                              quant, group_size, scale_ub,      \
-                                                              x_group);                         \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 5)                                                                   \
-          .Attr<float>("eps")                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_residual")                                                           \
-          .Attr<int32_t>("quant")                                                               \
-          .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub")                                                              \
-          .Attr<int64_t>("x_group_size"),                                                       \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormFwdFused,                                                                \
-      [](CTX_DECL ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer b,    \
-         ::xla::ffi::AnyBuffer r, ::xla::ffi::AnyBuffer s, ::xla::ffi::AnyBuffer xs,             \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> y,                                           \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> mean, ::xla::ffi::Result<::xla::ffi::AnyBuffer> rstd, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> h, ::xla::ffi::Result<::xla::ffi::AnyBuffer> qs, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> qt,                                          \
-         float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,   \
-         int64_t group_size, float scale_ub, int64_t x_group) {                                 \
-        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                \
+                                                              has_gamma, false, has_residual,      \
+                                                              quant, group_size, scale_ub,         \
+                                                              x_group);                            \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormFwdFused,                                                           \
+      JRN_BUFFERS(BIND, 6, 6) .Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,        \
+      [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf r,              \
+         ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
+         ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps,       \
+         bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,                 \
+         int64_t group_size, float scale_ub, int64_t x_group) {                                    \
+        return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                   \
             CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta, \
-            has_residual, quant, group_size, scale_ub, x_group);                                \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 6)                                                                   \
-          .Attr<float>("eps")                                                                   \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta")                                                               \
-          .Attr<bool>("has_residual")                                                           \
-          .Attr<int32_t>("quant")                                                               \
-          .Attr<int64_t>("group_size")                                                          \
-          .Attr<float>("scale_ub")                                                              \
-          .Attr<int64_t>("x_group_size"),                                                       \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##RmsNormBwdAdd,                                                                    \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer rstd, \
-         ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer dh,                                     \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, bool zc, bool has_gamma) {               \
+            has_residual, quant, group_size, scale_ub, x_group);                                   \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##RmsNormBwdAdd, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                      \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
+         ::jrn::FfiBuf dh, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet ws, bool zc,          \
+         bool has_gamma) {                                                                         \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
-            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr,                                     \
-            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()), \
-            zc, has_gamma, false, nullptr, &dh);                                                \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 5, 3)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma"),                                                             \
-      {::xla::ffi::Traits::kCmdBufferCompatible});                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      PREFIX##LayerNormBwdAdd,                                                                  \
-      [](CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, ::xla::ffi::AnyBuffer mean, \
-         ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer g, ::xla::ffi::AnyBuffer dh,         \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> dx, ::xla::ffi::Result<::xla::ffi::AnyBuffer> dg, \
-         ::xla::ffi::Result<::xla::ffi::AnyBuffer> db, ::xla::ffi::Result<::xla::ffi::AnyBuffer> ws, \
-         bool zc, bool has_gamma, bool has_beta) {                                              \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr,                                        \
+            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()),    \
+            zc, has_gamma, false, nullptr, &dh);                                                   \
+      });                                                                                          \
+  JRN_HANDLER(PREFIX##LayerNormBwdAdd, JRN_BUFFERS(BIND, 6, 4) JRN_GAMMA_BETA_ATTRS,               \
+      [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
+         ::jrn::FfiBuf g, ::jrn::FfiBuf dh, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet db,  \
+         ::jrn::FfiRet ws, bool zc, bool has_gamma, bool has_beta) {                               \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
-            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db,                                          \
-            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()), \
-            zc, has_gamma, has_beta, nullptr, &dh);                                             \
-      },                                                                                        \
-      JRN_BUFFERS(BIND, 6, 4)                                                         \
-          .Attr<bool>("zero_centered_gamma")                                                    \
-          .Attr<bool>("has_gamma")                                                              \
-          .Attr<bool>("has_beta"),                                                              \
-      {::xla::ffi::Traits::kCmdBufferCompatible})
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db,                                             \
+            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()),    \
+            zc, has_gamma, has_beta, nullptr, &dh);                                                \
+      })
