@@ -37,10 +37,13 @@ def ops(x, g, b, dy):
         "rms_fp8_row": lambda: jrn.rms_norm_fp8_rowwise(x, g),
         "ln_fp8_row": lambda: jrn.layer_norm_fp8_rowwise(x, g, b),
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
-        "add_rms": lambda: jrn.add_rms_norm(x, dy, g),
+        "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
+        "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
         "rms_stats": lambda: jrn.rms_norm_stats(x),
         "xla_rms_fwd": lambda: jnp_rms(x, g),  # XLA's fusion of the jnp norm
         "xla_ln_fwd": lambda: jnp_layer(x, g, b),
+        "xla_add_rms": lambda: (jnp_rms(x + dy, g), x + dy),  # the residual add's composition: (y, h)
+        "xla_add_ln": lambda: (jnp_layer(x + dy, g, b), x + dy),
     }
 
 

@@ -49,6 +49,17 @@ def test_bench_ours_cells():
     assert "| ln_fwd float32/float32 | 16x512 |" in out, out
 
 
+def test_profile_ops_runs():
+    """profile_ops.py (what Nsight Compute attaches to) runs every op it
+    names, ours and XLA's compositions, at two shapes in one process."""
+    tool = BENCH.parent / "profile_ops.py"
+    names = ("rms_fwd", "ln_fwd", "add_rms", "add_ln", "xla_rms_fwd", "xla_ln_fwd", "xla_add_rms", "xla_add_ln")
+    out = run_script(tool, *names, "--shapes", "4x256,3x1024", "--calls", "2")
+    for name in names:
+        for shape in ("4x256", "3x1024"):
+            assert f"{name} {shape} ran 2 times" in out, out
+
+
 def test_ncu_times(tmp_path):
     """ncu_times.py reads an Nsight Compute CSV (one row a metric and launch;
     ncu's own lines and other kernels' launches skipped) into one row a shape
