@@ -390,7 +390,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
         [&]<class T, class P>() { return BACKEND::bwd<K, T, P>(CTX a); });                      \
   }                                                                                             \
   }                                                                                             \
-  JRN_HANDLER(PREFIX##RmsNormFwd, JRN_BUFFERS(BIND, 2, 2) .Attr<float>("eps") JRN_GAMMA_ATTRS,     \
+  JRN_HANDLER(PREFIX##RmsNormFwd, JRN_BUFFERS(BIND, 2, 2).Attr<float>("eps") JRN_GAMMA_ATTRS,      \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiRet y, ::jrn::FfiRet rstd,           \
          float eps, bool zc, bool has_gamma) {                                                     \
         return jrn_handlers_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, *y, nullptr,   \
@@ -398,7 +398,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
                                                                  false);                           \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormFwd,                                                                \
-      JRN_BUFFERS(BIND, 3, 3) .Attr<float>("eps") JRN_GAMMA_BETA_ATTRS,                            \
+      JRN_BUFFERS(BIND, 3, 3).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS,                             \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiRet y,              \
          ::jrn::FfiRet mean, ::jrn::FfiRet rstd, float eps, bool zc, bool has_gamma,               \
          bool has_beta) {                                                                          \

@@ -189,6 +189,11 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
 
 }  // namespace jrn
 
+// The attributes that follow the parameters' in the fused forward.
+#define JRN_FUSED_FWD_ATTRS                                                         \
+  .Attr<bool>("has_residual").Attr<int32_t>("quant").Attr<int64_t>("group_size") \
+      .Attr<float>("scale_ub").Attr<int64_t>("x_group_size")
+
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
 // Forward: (x, gamma, [beta,] residual, scale, x_scale) -> (y, [mean,] rstd, h,
@@ -198,11 +203,6 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
 // (with x_group_size > 0) dequantizes an FP8 x, one scale per group of
 // columns; y is then in the kernel's element type. Backward: the plain
 // backward's operands plus dh, added to dx.
-// The attributes that follow the parameters' in the fused forward.
-#define JRN_FUSED_FWD_ATTRS                                                         \
-  .Attr<bool>("has_residual").Attr<int32_t>("quant").Attr<int64_t>("group_size") \
-      .Attr<float>("scale_ub").Attr<int64_t>("x_group_size")
-
 #define JRN_DEFINE_FUSED_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                          \
   namespace jrn_fused_##PREFIX {                                                                \
   using namespace ::jrn;                                                                        \
@@ -229,7 +229,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   }                                                                                             \
   }                                                                                             \
   JRN_HANDLER(PREFIX##RmsNormFwdFused,                                                             \
-      JRN_BUFFERS(BIND, 5, 5) .Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,             \
+      JRN_BUFFERS(BIND, 5, 5).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
          ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
          ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps, bool zc, bool has_gamma,                   \
@@ -241,7 +241,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                                               x_group);                            \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormFwdFused,                                                           \
-      JRN_BUFFERS(BIND, 6, 6) .Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,        \
+      JRN_BUFFERS(BIND, 6, 6).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf r,              \
          ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
          ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps,       \
