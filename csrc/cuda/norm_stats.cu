@@ -15,6 +15,25 @@ namespace jrn::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// The row a thread of a (threads per row, rows per block) block sums, and
+// whether it exists (the last block's rows may not).
+struct BlockRow {
+  int64_t row;
+  bool valid;
+};
+template <class Args>
+__device__ __forceinline__ BlockRow block_row(const Args& a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  return {row, row < a.shape.rows};
+}
+
+// That row's gamma (its parameter group's), or null: none given, or no row.
+template <class P, class Args>
+__device__ __forceinline__ const P* row_gamma(const Args& a, int64_t row, bool valid) {
+  return a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
+}
+
 // Threads per row of the gradient statistics: a thread per kRowPacks packs of
 // the row, up to kThreads (x statistics: x_stats_threads below). Each thread
 // loads one pack (of x, and of dy) at a time. These kernels
@@ -50,8 +69,7 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
   constexpr int M = kLayer ? 2 : 1;  // LayerNorm: sum(d), sum(d^2); RMSNorm: sum(x^2)
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool valid = row < a.shape.rows;
+  const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
   // N values of the row from column c: x, or h = x + residual, not yet
   // rounded to what h stores.
@@ -88,12 +106,10 @@ template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool valid = row < a.shape.rows;
+  const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
   const T* dy = static_cast<const T*>(a.dy) + row * H;
-  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row)
-                                    : nullptr;
+  const P* gamma = row_gamma<P>(a, row, valid);
   const float rstd = valid ? a.rstd[row] : 0.f;
   const float mean = K == NormKind::kLayer && valid ? a.mean[row] : 0.f;
   constexpr int kSums = grad_sums_per_row(K);  // RMSNorm: sum(gdy * xhat) alone
@@ -117,10 +133,9 @@ template <class T, class P, int VEC>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool valid = row < a.shape.rows;
+  const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
-  const P* gamma = a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
+  const P* gamma = row_gamma<P>(a, row, valid);
   float acc[2] = {};  // sum(x^2), max |x * scale|
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
     float v[VEC];
