@@ -701,11 +701,15 @@ __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (
   add_sq_scaled_max<N>(acc, v, gamma, col, zero_centered, scaled);
 }
 
-// LayerNorm's mean and m2 = sum((v - mean)^2) over `n` values from the
-// whole row's add_shifted_sums<2>.
-__device__ __forceinline__ float2 shifted_mean_m2(const float (&acc)[2], float shift, int64_t n) {
-  const float m1 = acc[0] / static_cast<float>(n);
+// LayerNorm's mean and m2 = sum((v - mean)^2) from the whole row's
+// add_shifted_sums<2>, given m1, the mean of v - shift.
+__device__ __forceinline__ float2 shifted_mean_m2_of(const float (&acc)[2], float shift, float m1) {
   return make_float2(shift + m1, fmaxf(acc[1] - acc[0] * m1, 0.f));
+}
+
+// The same over `n` values.
+__device__ __forceinline__ float2 shifted_mean_m2(const float (&acc)[2], float shift, int64_t n) {
+  return shifted_mean_m2_of(acc, shift, acc[0] / static_cast<float>(n));
 }
 
 // ---- Reductions over the threads of one row.

@@ -586,9 +586,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   row_sum_wide<kSums>(acc, smem);
   float mean = 0.f, rstd;
   if constexpr (K == NormKind::kLayer) {
-    const float m1 = acc[0] * inv_h;
-    mean = shift + m1;
-    rstd = rsqrtf(fmaxf(acc[1] - acc[0] * m1, 0.f) * inv_h + eps);
+    const float2 mm = shifted_mean_m2_of(acc, shift, acc[0] * inv_h);
+    mean = mm.x;
+    rstd = rsqrtf(mm.y * inv_h + eps);
   } else {
     rstd = rsqrtf(acc[0] * inv_h + eps);
   }
