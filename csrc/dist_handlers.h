@@ -150,8 +150,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
                      bool has_gamma, bool has_beta, const xf::AnyBuffer* dh) {                  \
     if (auto e = check_coef(coef, x, K); e.failure()) return e;                                 \
     return jrn_handlers_##PREFIX::Bwd<K>(                                                       \
-        CTX dy, x, mean, rstd, g, dx, dg, db, static_cast<float*>(ws.untyped_data()),           \
-        static_cast<int64_t>(ws.element_count()), zc, has_gamma, has_beta,                      \
+        CTX dy, x, mean, rstd, g, dx, dg, db, ws, zc, has_gamma, has_beta,                      \
         static_cast<const float*>(coef.untyped_data()), dh);                                    \
   }                                                                                             \
   }                                                                                             \

@@ -367,7 +367,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
   template <NormKind K>                                                                         \
   ::xla::ffi::Error Bwd(CTX_DECL ::xla::ffi::AnyBuffer dy, ::xla::ffi::AnyBuffer x, const ::xla::ffi::AnyBuffer* mean,       \
                  ::xla::ffi::AnyBuffer rstd, ::xla::ffi::AnyBuffer gamma, ::xla::ffi::AnyBuffer dx,                   \
-                 ::xla::ffi::AnyBuffer dgamma, ::xla::ffi::AnyBuffer* dbeta, float* ws, int64_t ws_floats,     \
+                 ::xla::ffi::AnyBuffer dgamma, ::xla::ffi::AnyBuffer* dbeta, ::xla::ffi::AnyBuffer ws, \
                  bool zc, bool has_gamma, bool has_beta, const float* coef = nullptr,           \
                  const ::xla::ffi::AnyBuffer* dh = nullptr) {                                   \
     BwdArgs a;                                                                                  \
@@ -383,7 +383,9 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
     }                                                                                           \
     if (a.shape.rows == 0 && a.param_outputs() == 0) return ::xla::ffi::Error::Success();              \
     const int64_t per_slot = a.shape.groups * a.param_outputs() * a.shape.hidden;               \
-    a.workspace = per_slot > 0 && ws_floats > 0 ? ws : nullptr;                                 \
+    /* ws: the dgamma (dbeta) partials, float32, whole slots of per_slot. */                    \
+    const int64_t ws_floats = static_cast<int64_t>(ws.element_count());                         \
+    a.workspace = per_slot > 0 && ws_floats > 0 ? static_cast<float*>(ws.untyped_data()) : nullptr; \
     a.slots = per_slot > 0 ? ws_floats / per_slot : 0;                                          \
     return dispatch_types<BACKEND::Bf16, BACKEND::F16>(                                         \
         x.element_type(), has_gamma ? gamma.element_type() : dgamma.element_type(),             \
@@ -409,14 +411,12 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \
          ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet ws, bool zc, bool has_gamma) {          \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
-            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, static_cast<float*>(ws->untyped_data()), \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, false);                      \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, *ws, zc, has_gamma, false);            \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormBwd, JRN_BUFFERS(BIND, 5, 4) JRN_GAMMA_BETA_ATTRS,                  \
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
          ::jrn::FfiBuf g, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet db, ::jrn::FfiRet ws,  \
          bool zc, bool has_gamma, bool has_beta) {                                                 \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
-            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, static_cast<float*>(ws->untyped_data()),    \
-            static_cast<int64_t>(ws->element_count()), zc, has_gamma, has_beta);                   \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta);              \
       })

@@ -256,16 +256,12 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
          ::jrn::FfiBuf dh, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet ws, bool zc,          \
          bool has_gamma) {                                                                         \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kRms>(                                  \
-            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr,                                        \
-            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()),    \
-            zc, has_gamma, false, nullptr, &dh);                                                   \
+            CTX dy, x, nullptr, rstd, g, *dx, *dg, nullptr, *ws, zc, has_gamma, false, nullptr, &dh); \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormBwdAdd, JRN_BUFFERS(BIND, 6, 4) JRN_GAMMA_BETA_ATTRS,               \
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf mean, ::jrn::FfiBuf rstd,       \
          ::jrn::FfiBuf g, ::jrn::FfiBuf dh, ::jrn::FfiRet dx, ::jrn::FfiRet dg, ::jrn::FfiRet db,  \
          ::jrn::FfiRet ws, bool zc, bool has_gamma, bool has_beta) {                               \
         return jrn_handlers_##PREFIX::Bwd<::jrn::NormKind::kLayer>(                                \
-            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db,                                             \
-            static_cast<float*>(ws->untyped_data()), static_cast<int64_t>(ws->element_count()),    \
-            zc, has_gamma, has_beta, nullptr, &dh);                                                \
+            CTX dy, x, &mean, rstd, g, *dx, *dg, &*db, *ws, zc, has_gamma, has_beta, nullptr, &dh); \
       })
