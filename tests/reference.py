@@ -119,6 +119,22 @@ FP8_ATOL = {np.dtype(jnp.float8_e4m3fn): 2.0 ** -9, np.dtype(jnp.float8_e5m2): 2
 MIN_SCALE = 1e-12
 
 
+def decode_bounds():
+    """(rows, packs of 16 bytes) on both sides of the GPU forward's decode-time
+    bounds (fwd_decode): rows of 2 x SMs, rows of 2048 packs, the four-pack
+    variant past SMs rows of 1024 packs, LayerNorm's split at a quarter of the
+    SMs (four parts of 37 packs: 9, 9, 9 and 10), and 1001 elements (no
+    whole packs: not the kernel's)."""
+    sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
+    return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001), (sms + 1, 1025),
+            (1, 37), (sms // 4, 37), (sms // 4, 2048)]
+
+
+def decode_hidden(packs, dtype):
+    """The hidden size of `packs` 16-byte packs of dtype (1001: itself)."""
+    return packs * (16 // np.dtype(dtype).itemsize) if packs != 1001 else packs
+
+
 def ref_add(x, residual, h_dtype):
     """h = x + residual summed in float32 and rounded to h_dtype (what the kernels store)."""
     s = np.asarray(jnp.asarray(x, jnp.float32)) + np.asarray(jnp.asarray(residual, jnp.float32))

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, FP8_MAX, FP8_RTOL, MIN_SCALE, assert_close, assert_fp8_close, case_key, f64, poison,
-                       put, random, ref_add, ref_forward, ref_scales, y_error)
+from reference import (DTYPES, FP8_MAX, FP8_RTOL, MIN_SCALE, assert_close, assert_fp8_close, case_key, decode_bounds,
+                       decode_hidden, f64, poison, put, random, ref_add, ref_forward, ref_scales, y_error)
 
 KINDS = ["rms", "layer"]
 EPS = {"rms": 1e-6, "layer": 1e-5}
@@ -101,6 +101,17 @@ def _check_add_forward(kind, dtype, shape, platform):
         assert h.dtype == hd and h.shape == shape and y.dtype == dtype
         np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " h")
         assert_close(y, _ref_y(kind, h_ref, gamma, beta, zc), dtype, what + " y")
+
+
+# On a GPU the residual add at decode-time row counts takes fwd_decode as the
+# plain norm does (LayerNorm's rows split into parts), but not its variant of
+# four packs a thread (rows of more than 1024 packs, more than one a SM).
+@pytest.mark.parametrize("rows, packs", decode_bounds(), ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_add_norm_decode_bounds(kind, dtype, rows, packs, platform):
+    _check_add_forward(kind, dtype, (rows, decode_hidden(packs, dtype)), platform)
 
 
 # The residual add + norm on a slice of a split hidden dim, as each device

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, assert_close, case_key, f64, poison, put, random, ref_backward, ref_forward,
-                       run_script)
+from reference import (DTYPES, assert_close, case_key, decode_bounds, decode_hidden, f64, poison, put, random,
+                       ref_backward, ref_forward, run_script)
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -99,23 +99,14 @@ def test_forward_backward(kind, dtype, shape, platform):
 
 # On a GPU the plain forward of at most two rows per SM, rows of up to 2048
 # packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
-# pack more, takes the general one. Both sides of each bound, every dtype.
-# Rows of more than 1024 packs, more than one a SM, take fwd_decode's
-# variant of four packs a thread (float32 and RMSNorm). LayerNorm's rows, where
-# they are at most a quarter of the SMs, are split into parts: four parts of 37 packs
-# (9, 9, 9 and 10), two of 37 and of 2048.
-def _decode_bounds():
-    sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
-    return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001), (sms + 1, 1025),
-            (1, 37), (sms // 4, 37), (sms // 4, 2048)]
-
-
-@pytest.mark.parametrize("rows, packs", _decode_bounds(), ids=lambda v: str(v))
+# pack more, takes the general one. Both sides of each bound (decode_bounds),
+# every dtype.
+@pytest.mark.parametrize("rows, packs", decode_bounds(), ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_decode_row_bounds(kind, dtype, rows, packs, platform):
-    hidden = packs * (16 // np.dtype(dtype).itemsize) if packs != 1001 else packs
+    hidden = decode_hidden(packs, dtype)
     _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
 
 

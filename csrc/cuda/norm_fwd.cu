@@ -524,7 +524,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // after: RMSNorm 16x4096 2.93 / 2.91 -> 2.77 / 2.77, 32x8192 3.41 / 3.41 ->
 // 3.20 / 3.18; LayerNorm 16x4096 3.31 / 3.31 -> 2.93 / 2.90, 32x8192 3.78 /
 // 3.76 -> 3.20 / 3.22, 64x8192 3.97 / 3.97 -> 3.44 / 3.42.
-template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false>
+template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false,
+          bool RESID = false>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -542,6 +543,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   const int part = SPLIT ? static_cast<int>(blockIdx.y) : 0, log_parts = __ffs(static_cast<int>(gridDim.y)) - 1;
   const int lo = (nvec * part) >> log_parts, hi = (nvec * (part + 1)) >> log_parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
+  float r[RESID ? ITEMS : 1][VEC];  // RESID: the residual's packs (float32 or T), loaded with x
   bool in[ITEMS], mine[ITEMS];
   auto load_params = [&](int i) {
     if (gamma) gv[i] = gamma[pack(i)];
@@ -553,6 +555,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
+      if constexpr (RESID) load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
       if (!SPLIT) load_params(i);
     }
     if (SPLIT && mine[i]) load_params(i);
@@ -565,7 +568,15 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   float *rstd_out = a.rstd, *mean_out = a.mean;
   asm volatile("" : "+f"(eps), "+f"(inv_h), "+l"(y), "+l"(rstd_out), "+l"(mean_out));
   float shift = 0.f;
-  if constexpr (K == NormKind::kLayer) shift = layer_shift([&](int c) { return to_float(xrow[c]); }, H);
+  if constexpr (K == NormKind::kLayer) {
+    shift = layer_shift(
+        [&](int c) {
+          float e[1] = {to_float(xrow[c])};
+          if constexpr (RESID) add_residual<1, T>(e, a.residual, a.residual_f32, row * H + c);
+          return e[0];
+        },
+        H);
+  }
   float v[ITEMS][VEC];
   // Two chains of dependent adds (even and odd packs), added at the end:
   // half the latency of one. (One a pack spilled the float32 LayerNorm
@@ -577,6 +588,17 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
     if (in[i]) {
       unpack(xv[i], v[i]);
+      if constexpr (RESID) {
+        // h = x + residual, stored (this CTA's packs) and rounded as stored:
+        // what is normalized is h as the caller gets it.
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] += r[i][j];
+        if (mine[i]) {
+          store_h_as<VEC, T>(a.h, a.h_f32, row * H + pack(i) * VEC, v[i]);
+        } else {
+          round_as<VEC, T>(a.h_f32, v[i]);
+        }
+      }
       add_shifted_sums<kSums>(sums[i % 2], v[i], shift);
     }
   }
@@ -1825,6 +1847,16 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   }
 }
 
+// fwd_decode's instance of kDecodeItems packs a thread for the launch's
+// parameters (plain) and residual.
+template <NormKind K, class T, int VEC, bool SPLIT>
+auto decode_instance(bool plain, bool resid) {
+  return resid ? (plain ? fwd_decode<K, T, VEC, kDecodeItems, true, SPLIT, true>
+                        : fwd_decode<K, T, VEC, kDecodeItems, false, SPLIT, true>)
+               : (plain ? fwd_decode<K, T, VEC, kDecodeItems, true, SPLIT>
+                        : fwd_decode<K, T, VEC, kDecodeItems, false, SPLIT>);
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
@@ -1872,8 +1904,10 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us, against 4.1-4.7).
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
       // The plain norm where the rows alone are at most two per SM: fwd_decode.
-      if (!a.residual && !a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
-          a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads) {
+      const bool wide_decode = nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms;
+      if (!a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
+          a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads &&
+          !(a.residual && wide_decode)) {
         // Rows of more than kDecodeItems * kDecodeWideThreads packs, more
         // than one a SM: CTAs of 1024 threads fit one a SM (52-60 registers),
         // so those rows ran in two waves; half the threads with twice the
@@ -1887,7 +1921,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // 4.16-4.42; RMSNorm level (16x4096 3.04-3.68 -> 3.01-3.58).
         const bool plain = a.plain_params<K>();
         if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
-          if (nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms) {
+          if (wide_decode) {
             auto kernel =
                 plain ? fwd_decode<K, T, VEC, 2 * kDecodeItems, true> : fwd_decode<K, T, VEC, 2 * kDecodeItems>;
             kernel<<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
@@ -1895,16 +1929,14 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
           }
         }
         const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
-        auto kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true> : fwd_decode<K, T, VEC>;
+        auto kernel = decode_instance<K, T, VEC, false>(plain, a.residual != nullptr);
         // LayerNorm's rows of at most a quarter of the SMs are split into
         // parts (each CTA reads its row, and loads the parameters of and
         // writes a part): more SMs load gamma and beta and store y at once.
         int parts = 1;
         if constexpr (K == NormKind::kLayer) {
           parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
-          if (parts > 1)
-            kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true, true>
-                           : fwd_decode<K, T, VEC, kDecodeItems, false, true>;
+          if (parts > 1) kernel = decode_instance<K, T, VEC, true>(plain, a.residual != nullptr);
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
