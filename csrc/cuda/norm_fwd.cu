@@ -1,8 +1,9 @@
 // Forward kernels: y = (x - mean) * rstd * scale + beta, saving mean/rstd.
 //
 // The kernels:
-//  * fwd_decode: the plain norm at decode-time row counts (at most two rows
-//    per SM): one row per CTA, few instructions per warp.
+//  * fwd_decode: the norm, with or without the residual add, at decode-time
+//    row counts (at most two rows per SM): one row per CTA, few instructions
+//    per warp.
 //  * fwd_regs: the row is read once into registers (up to 4 packs of 16 bytes
 //    per thread): several rows per CTA, one CTA per row, or, for wide rows,
 //    one thread block cluster per row (each CTA holds a slice; the row sums
@@ -479,15 +480,16 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   }
 }
 
-// The plain norm at decode-time row counts (at most two rows per SM): one
+// The norm at decode-time row counts (at most two rows per SM): one
 // row per CTA, kDecodeItems packs per thread, gamma/beta (x's dtype, one
 // set) loaded with x before the reduction, 32-bit indexing, and one
 // reduction a row (LayerNorm's sums taken around layer_shift, as in
 // fwd_slices). With a warp or four per scheduler, a warp's instructions
 // wait on each other at their full latency, so the kernel's time follows its
-// instructions per warp: this kernel has none for a residual, FP8, given
-// statistics or parameter groups, and its PLAIN instance none for the
-// parameters' presence or a zero-centred scale (see the launcher). Its sm_90 SASS for RMSNorm bf16 is 496
+// instructions per warp: this kernel has none for FP8, given statistics or
+// parameter groups, its PLAIN instance none for the parameters' presence or
+// a zero-centred scale, and its instance for a residual and h in x's dtype
+// (R = kSame) none for their dtypes (see the launcher). Its sm_90 SASS for RMSNorm bf16 is 496
 // instructions against 1143 for fwd_regs' EARLY instance. Latency on an
 // H100, in-process and interleaved, bf16, median us per norm, 16 cells of
 // 1-256 rows x 4096/8192 columns, two runs: faster than fwd_regs EARLY by
@@ -524,8 +526,12 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // after: RMSNorm 16x4096 2.93 / 2.91 -> 2.77 / 2.77, 32x8192 3.41 / 3.41 ->
 // 3.20 / 3.18; LayerNorm 16x4096 3.31 / 3.31 -> 2.93 / 2.90, 32x8192 3.78 /
 // 3.76 -> 3.20 / 3.22, 64x8192 3.97 / 3.97 -> 3.44 / 3.42.
+// fwd_decode's residual add: none; residual and h in x's dtype (the common
+// case: no dtype to test a pack); or either of them in float32.
+enum class DecodeResid { kNone, kSame, kAny };
+
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false,
-          bool RESID = false>
+          DecodeResid R = DecodeResid::kNone>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
@@ -543,7 +549,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   const int part = SPLIT ? static_cast<int>(blockIdx.y) : 0, log_parts = __ffs(static_cast<int>(gridDim.y)) - 1;
   const int lo = (nvec * part) >> log_parts, hi = (nvec * (part + 1)) >> log_parts;
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
-  float r[RESID ? ITEMS : 1][VEC];  // RESID: the residual's packs (float32 or T), loaded with x
+  float r[R == DecodeResid::kNone ? 1 : ITEMS][VEC];  // the residual's packs, loaded with x
   bool in[ITEMS], mine[ITEMS];
   auto load_params = [&](int i) {
     if (gamma) gv[i] = gamma[pack(i)];
@@ -555,7 +561,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
-      if constexpr (RESID) load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kSame) load_pack<VEC>(static_cast<const T*>(a.residual) + row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kAny) load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
       if (!SPLIT) load_params(i);
     }
     if (SPLIT && mine[i]) load_params(i);
@@ -572,7 +579,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     shift = layer_shift(
         [&](int c) {
           float e[1] = {to_float(xrow[c])};
-          if constexpr (RESID) add_residual<1, T>(e, a.residual, a.residual_f32, row * H + c);
+          if constexpr (R == DecodeResid::kSame) e[0] += to_float(static_cast<const T*>(a.residual)[row * H + c]);
+          if constexpr (R == DecodeResid::kAny) add_residual<1, T>(e, a.residual, a.residual_f32, row * H + c);
           return e[0];
         },
         H);
@@ -588,15 +596,16 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
     if (in[i]) {
       unpack(xv[i], v[i]);
-      if constexpr (RESID) {
+      if constexpr (R != DecodeResid::kNone) {
         // h = x + residual, stored (this CTA's packs) and rounded as stored:
         // what is normalized is h as the caller gets it.
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[i][j] += r[i][j];
+        const bool h_f32 = R == DecodeResid::kAny && a.h_f32;
         if (mine[i]) {
-          store_h_as<VEC, T>(a.h, a.h_f32, row * H + pack(i) * VEC, v[i]);
+          store_pack_as<VEC, T>(a.h, h_f32, row * H + pack(i) * VEC, v[i]);
         } else {
-          round_as<VEC, T>(a.h_f32, v[i]);
+          round_as<VEC, T>(h_f32, v[i]);
         }
       }
       add_shifted_sums<kSums>(sums[i % 2], v[i], shift);
@@ -1847,14 +1856,11 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   }
 }
 
-// fwd_decode's instance of kDecodeItems packs a thread for the launch's
-// parameters (plain) and residual.
-template <NormKind K, class T, int VEC, bool SPLIT>
-auto decode_instance(bool plain, bool resid) {
-  return resid ? (plain ? fwd_decode<K, T, VEC, kDecodeItems, true, SPLIT, true>
-                        : fwd_decode<K, T, VEC, kDecodeItems, false, SPLIT, true>)
-               : (plain ? fwd_decode<K, T, VEC, kDecodeItems, true, SPLIT>
-                        : fwd_decode<K, T, VEC, kDecodeItems, false, SPLIT>);
+// fwd_decode's instance of kDecodeItems packs a thread, one CTA a row, for
+// the launch's parameters (PLAIN or not) and residual add (R).
+template <NormKind K, class T, int VEC, DecodeResid R>
+auto decode_instance(bool plain) {
+  return plain ? fwd_decode<K, T, VEC, kDecodeItems, true, false, R> : fwd_decode<K, T, VEC, kDecodeItems, false, false, R>;
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
@@ -1903,7 +1909,20 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // row (fewer packs each) and clusters of 2 or 4 CTAs a row were slower
       // (256x4096 LayerNorm 4.3, 7.1; 6.2, 8.9 us, against 4.1-4.7).
       const int sms = device_attribute<cudaDevAttrMultiProcessorCount>();
-      // The plain norm where the rows alone are at most two per SM: fwd_decode.
+      // The norm where the rows alone are at most two per SM: fwd_decode.
+      // With the residual add too (not in its variant of four packs a
+      // thread), where fwd_regs (several rows a CTA, parameters loaded after
+      // the reductions) took 5.5-7.1 us. Nsight Compute kernel times on an
+      // H100, bf16, median of calls 2-5, us, fwd_regs -> fwd_decode (R =
+      // kSame, two rounds; XLA's fusion of the jnp composition): add_rms
+      // 16x4096 5.52 -> 3.15 / 3.15 (2.88), 64x4096 5.66 -> 3.22 / 3.23
+      // (3.39), 32x8192 5.66 -> 3.49 / 3.52 (2.91), 256x4096 5.94 -> 3.79 /
+      // 3.74 (3.52); add_ln 6.80 -> 3.44 / 3.44 (2.94), 64x4096 6.88 -> 3.39 /
+      // 3.39 (3.09), 32x8192 6.98 -> 3.94 / 3.97 (3.20), 256x4096 7.10 ->
+      // 4.14 / 4.18 (3.95). Testing the dtypes at each pack (R = kAny for
+      // all) cost 0.1-0.2 us (add_rms 16x4096 3.39 / 3.33). LayerNorm's rows
+      // split into 2-4 parts, or RMSNorm's into 2-16, were level or slower
+      // (add_rms 16x4096 in 4: 3.30; 32x8192 in 8: 4.37). RESULTS.md table 3.
       const bool wide_decode = nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms;
       if (!a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
           a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads &&
@@ -1929,14 +1948,23 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
           }
         }
         const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
-        auto kernel = decode_instance<K, T, VEC, false>(plain, a.residual != nullptr);
+        auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone>(plain);
+        if (a.residual) {
+          const bool same = sizeof(T) == 4 || (!a.residual_f32 && !a.h_f32);
+          kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame>(plain)
+                        : decode_instance<K, T, VEC, DecodeResid::kAny>(plain);
+        }
         // LayerNorm's rows of at most a quarter of the SMs are split into
         // parts (each CTA reads its row, and loads the parameters of and
         // writes a part): more SMs load gamma and beta and store y at once.
+        // Not with the residual add, where the split was level or slower.
         int parts = 1;
         if constexpr (K == NormKind::kLayer) {
-          parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
-          if (parts > 1) kernel = decode_instance<K, T, VEC, true>(plain, a.residual != nullptr);
+          if (!a.residual)
+            parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
+          if (parts > 1)
+            kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true, true>
+                           : fwd_decode<K, T, VEC, kDecodeItems, false, true>;
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
