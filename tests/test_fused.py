@@ -784,8 +784,14 @@ def test_vmap_fused(kind, platform):
         got = jax.jit(jax.vmap(f, in_axes=in_axes))(*args)
         for i in range(B):
             want = f(*[a if ax is None else jnp.take(a, i, axis=ax) for a, ax in zip(args, in_axes)])
-            for g_, w_ in zip(got, want):
-                np.testing.assert_array_equal(f64(g_[i]), f64(w_), err_msg=f"{in_axes}")
+            for n, (g_, w_) in enumerate(zip(got, want)):
+                if f is add and n == 0:
+                    # y: on a GPU one example alone takes the decode-time kernel
+                    # (fwd_decode), the batch with a gamma per example another;
+                    # their row sums differ in order and rounding. h is exact.
+                    np.testing.assert_allclose(f64(g_[i]), f64(w_), rtol=1e-5, atol=1e-6, err_msg=f"{in_axes}")
+                else:
+                    np.testing.assert_array_equal(f64(g_[i]), f64(w_), err_msg=f"{in_axes}")
 
 
 def test_vmap_of_grad_fused(platform):
