@@ -21,7 +21,7 @@
 //    pass, then y from h (or x) in a second, a row split across CTAs.
 //
 // fwd_regs and fwd_stream take the fused variants (norm_fused.h; fwd_slices
-// also the FP8 outputs without a residual): with XQ, x is FP8 with a scale
+// also the FP8 outputs without a residual, fwd_decode the residual add): with XQ, x is FP8 with a scale
 // per group of columns, dequantized as it is loaded; with a residual, the row is
 // h = x + residual (stored, then normalized as stored); with Q != kNone, y is
 // written as FP8: times the given per-tensor scale (max |y| atomically merged
@@ -561,8 +561,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
-      if constexpr (R == DecodeResid::kSame) load_pack<VEC>(static_cast<const T*>(a.residual) + row * H + pack(i) * VEC, r[i]);
-      if constexpr (R == DecodeResid::kAny) load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kSame)
+        load_pack<VEC>(static_cast<const T*>(a.residual) + row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kAny)
+        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
       if (!SPLIT) load_params(i);
     }
     if (SPLIT && mine[i]) load_params(i);
@@ -1860,7 +1862,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
 // the launch's parameters (PLAIN or not) and residual add (R).
 template <NormKind K, class T, int VEC, DecodeResid R>
 auto decode_instance(bool plain) {
-  return plain ? fwd_decode<K, T, VEC, kDecodeItems, true, false, R> : fwd_decode<K, T, VEC, kDecodeItems, false, false, R>;
+  return plain ? fwd_decode<K, T, VEC, kDecodeItems, true, false, R>
+               : fwd_decode<K, T, VEC, kDecodeItems, false, false, R>;
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
@@ -1912,7 +1915,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // The norm where the rows alone are at most two per SM: fwd_decode.
       // With the residual add too (not in its variant of four packs a
       // thread), where fwd_regs (several rows a CTA, parameters loaded after
-      // the reductions) took 5.5-7.1 us. Nsight Compute kernel times on an
+      // the reductions) took 5.1-7.1 us. Nsight Compute kernel times on an
       // H100, bf16, median of calls 2-5, us, fwd_regs -> fwd_decode (R =
       // kSame, two rounds; XLA's fusion of the jnp composition): add_rms
       // 16x4096 5.52 -> 3.15 / 3.15 (2.88), 64x4096 5.66 -> 3.22 / 3.23
