@@ -5,7 +5,7 @@
 # XLA's fusions too (recorded inside its CUDA graphs; not at one row, where XLA runs
 # two or three kernels a norm):
 #   SHAPES=16x4096,32x8192 OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
-# The residual add + norm (ours in fwd_regs; XLA's composition returns y and h):
+# The residual add + norm (ours in fwd_decode since 3767cf4, fwd_regs before; XLA's composition returns y and h):
 #   OPS="add_rms add_ln" KERNELS=fwd_ bash benchmarks/ncu_decode_times.sh
 #   OPS="xla_add_rms xla_add_ln" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
 # (ncu_times.py refuses a launch count that does not fit: an op of several
