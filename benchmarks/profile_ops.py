@@ -11,6 +11,13 @@ device's memory around each pass: on an H100 (2026-11-25) four kernels of
 (still far beyond L2) or pass `--replay-mode application`: at 512x65536 (64
 MiB a tensor) `bash benchmarks/ncu_run.sh 512 65536 rms_fwd ln_fwd` (seven
 sections, two kernels an op) finished both ops in about 100 s.
+
+With sections that need several passes, set XLA_PYTHON_CLIENT_PREALLOCATE=false
+as well: by default XLA takes 75% of the GPU's memory at start, and kernel
+replay backs up device memory between passes. On an H100 (2026-11-27), eight
+sections on `add_rms xla_add_rms --rows 16 --hidden 4096` without it had not
+finished the first kernel when the call's time ran out, minutes later; ncu
+warned "Backing up device memory in system memory".
 """
 
 from __future__ import annotations
