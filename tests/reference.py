@@ -121,10 +121,11 @@ MIN_SCALE = 1e-12
 
 def decode_bounds():
     """(rows, packs of 16 bytes) on both sides of the GPU forward's decode-time
-    bounds (fwd_decode): rows of 2 x SMs, rows of 2048 packs, the four-pack
-    variant past SMs rows of 1024 packs, LayerNorm's split at a quarter of the
-    SMs (four parts of 37 packs: 9, 9, 9 and 10), and 1001 elements (no
-    whole packs: not the kernel's)."""
+    bounds (fwd_decode): 2 x SMs rows; rows of 2048 packs; the variant of
+    four packs a thread (more than SMs rows of more than 1024 packs);
+    LayerNorm's plain rows split into parts at up to a quarter of the SMs
+    (four parts of 37 packs: 9, 9, 9 and 10); and 1001 elements, which are
+    not whole packs and so not the kernel's."""
     sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
     return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001), (sms + 1, 1025),
             (1, 37), (sms // 4, 37), (sms // 4, 2048)]

@@ -104,8 +104,9 @@ def _check_add_forward(kind, dtype, shape, platform):
 
 
 # On a GPU the residual add at decode-time row counts takes fwd_decode as the
-# plain norm does (LayerNorm's rows split into parts), but not its variant of
-# four packs a thread (rows of more than 1024 packs, more than one a SM).
+# plain norm does, with two differences: LayerNorm's rows are not split into
+# parts, and rows of more than 1024 packs, more than one a SM, take fwd_regs
+# (not fwd_decode's variant of four packs a thread).
 @pytest.mark.parametrize("rows, packs", decode_bounds(), ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
