@@ -14,6 +14,8 @@ jax.vjp of the jnp function (it recomputes the statistics, as a model does).
 
     python benchmarks/bench_norm.py                       # bf16, the standard sizes
     python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384 --plot tbps.png
+    # latency at decode-time rows, the residual add's y and h (against jnp's x + r, then the norm) too:
+    python benchmarks/bench_norm.py --rows 1 16 64 256 --hidden 4096 8192 --ops rms_fwd ln_fwd add_rms add_ln
 """
 
 from __future__ import annotations
@@ -104,22 +106,28 @@ def stream2_seconds(xs, ys, iters, reps):
     return bench(lambda x, y: x + y, list(zip(xs, ys)), iters, reps)
 
 
-def chained(fn, n, backward):
+def chained(fn, n, mode):
     """fn applied n times back to back in one jit (unrolled, no loop overhead):
-    the output (dx for a backward) feeds the next application through an
-    optimization barrier, so that each application is compiled on its own, as
-    a norm between a model's matmuls is. Without the barrier XLA fused a chain
-    of 50 jnp RMSNorms of 16x4096 into one kernel (1 us a norm on an H100).
-    A backward's dgamma is returned too, or XLA would drop its reduction as
-    dead code."""
-    def run(first, *rest):
-        kept = []
+    the output feeds the next application through an optimization barrier, so
+    that each application is compiled on its own, as a norm between a model's
+    matmuls is. Without the barrier XLA fused a chain of 50 jnp RMSNorms of
+    16x4096 into one kernel (1 us a norm on an H100). `mode`: "fwd" (y is the
+    next x), "bwd" (dx the next dy; dgamma is returned too, or XLA would drop
+    its reduction as dead code) or "add" (the residual add: y is the next x
+    and h the next residual, as in a stack of residual blocks)."""
+    def run(*args):
+        args, kept = list(args), []
         for _ in range(n):
-            out = fn(first, *rest)
-            if backward:
+            out = fn(*args)
+            if mode == "bwd":
                 kept.append(out[1])
-            first = jax.lax.optimization_barrier((out[0] if backward else out).astype(first.dtype))
-        return first, kept
+                args[0] = jax.lax.optimization_barrier(out[0].astype(args[0].dtype))
+            elif mode == "add":
+                args[0], args[1] = jax.lax.optimization_barrier(
+                    (out[0].astype(args[0].dtype), out[1].astype(args[1].dtype)))
+            else:
+                args[0] = jax.lax.optimization_barrier(out.astype(args[0].dtype))
+        return tuple(args), kept
 
     return jax.jit(run)
 
@@ -140,7 +148,9 @@ def main():
                     help="fixed row counts (latency mode: each timed call runs the op --chain times "
                          "back to back, unrolled inside one jit, so dispatch overhead is amortized)")
     ap.add_argument("--chain", type=int, default=50, help="ops per call in latency mode")
-    ap.add_argument("--ops", nargs="+", default=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd"])
+    ap.add_argument("--ops", nargs="+", default=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd"],
+                    choices=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd", "add_rms", "add_ln"],
+                    help="add_rms / add_ln: the residual add + norm (y and h), against XLA's jnp composition")
     ap.add_argument("--zero-centered", action="store_true")
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
     ap.add_argument("--iters", type=int, default=20)
@@ -173,11 +183,23 @@ def main():
             stream2_t = stream2_seconds(xs, dys, args.iters, args.reps)
             stream2_bw = 3 * m * h * s / stream2_t
         for op in args.ops:
-            kind = "rms" if op.startswith("rms") else "layer"
+            kind = "rms" if "rms" in op else "layer"
+            mode = "add" if op.startswith("add_") else op[-3:]
             gref = (g.astype(jnp.float32) + 1).astype(pdt) if zc else g
             ref = (lambda x, gg=gref: jnp_rms(x, gg)) if kind == "rms" else (lambda x, gg=gref: jnp_layer(x, gg, b))
             nstat = 1 if kind == "rms" else 2
-            if op.endswith("fwd"):
+            if mode == "add":  # dy stands in for the residual; h in x's dtype
+                ours = jax.jit(lambda x, r: jrn.add_rms_norm(x, r, g, zero_centered_gamma=zc)) if kind == "rms" else \
+                    jax.jit(lambda x, r: jrn.add_layer_norm(x, r, g, b, zero_centered_gamma=zc))
+                xla = jax.jit(lambda x, r, ref=ref: (ref(x + r), x + r))
+                sets = list(zip(xs, dys))
+                got, want = ours(*sets[0]), xla(*sets[0])
+                err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
+                nbytes = 4 * m * h * s + (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
+                if not args.rows:  # (latency mode times below)
+                    t = bench(ours, sets, args.iters, args.reps)
+                    tx = bench(xla, sets, args.iters, args.reps)
+            elif mode == "fwd":
                 ours = jax.jit(lambda x: jrn.rms_norm(x, g, zero_centered_gamma=zc)) if kind == "rms" else \
                     jax.jit(lambda x: jrn.layer_norm(x, g, b, zero_centered_gamma=zc))
                 xla = jax.jit(ref)
@@ -206,11 +228,12 @@ def main():
             if args.rows:  # latency mode: time --chain dependent applications per call
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
-                xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if op.endswith("bwd") else [(x,) for x in xs]
+                if mode == "fwd":
+                    sets = xla_sets = [(x,) for x in xs]
+                else:
+                    xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if mode == "bwd" else sets
                 t, tx = _median_seconds(
-                    [_rotated(chained(ours, args.chain, op.endswith("bwd")),
-                              sets if op.endswith("bwd") else [(x,) for x in xs]),
-                     _rotated(chained(xla, args.chain, op.endswith("bwd")), xla_sets)],
+                    [_rotated(chained(ours, args.chain, mode), sets), _rotated(chained(xla, args.chain, mode), xla_sets)],
                     max(2, args.iters // 4), args.reps)
                 t, tx = t / args.chain, tx / args.chain
             tol = 2e-2 if dt != jnp.float32 else 1e-4

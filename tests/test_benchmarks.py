@@ -1,7 +1,7 @@
 """The fused benchmark runs on the CPU at tiny sizes (--quick): each op it
 times is first checked against the jnp composition (the script exits with an
-error where they differ), with the options its device runs use. So does
-bench_ours.py, the A/B timer of our ops alone."""
+error where they differ), with the options its device runs use. So do
+bench_ours.py, the A/B timer of our ops alone, and bench_norm.py."""
 
 import pathlib
 import subprocess
@@ -47,6 +47,21 @@ def test_bench_ours_cells():
         assert len([line for line in out.splitlines() if line.startswith(f"| {op} bfloat16/")]) == count, out
     out = run_script(OURS, "--elements", "8192", "--reps", "2", "--dtype", "float32", "ln_fwd:512")
     assert "| ln_fwd float32/float32 | 16x512 |" in out, out
+
+
+@pytest.mark.parametrize("mode", [("--elements", "4096"), ("--rows", "2", "8", "--chain", "3")],
+                         ids=["bandwidth", "latency"])
+def test_bench_norm_runs(mode):
+    """bench_norm.py checks each op against XLA's jnp version before timing it,
+    in both modes (latency: a chain of dependent applications, the residual
+    add's y and h feeding the next one)."""
+    ops = ("rms_fwd", "ln_bwd", "add_rms", "add_ln")
+    out = run_script(BENCH.parent / "bench_norm.py", "--hidden", "256", "--iters", "2", "--reps", "2", *mode,
+                     "--ops", *ops)
+    shapes = ("16x256",) if mode[0] == "--elements" else ("2x256", "8x256")
+    for op in ops:
+        for shape in shapes:
+            assert any(line.startswith(f"| {op} | bfloat16 | {shape} |") for line in out.splitlines()), out[-2000:]
 
 
 def test_profile_ops_runs():
