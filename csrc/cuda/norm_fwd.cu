@@ -21,13 +21,14 @@
 //    pass, then y from h (or x) in a second, a row split across CTAs.
 //
 // fwd_regs and fwd_stream take the fused variants (norm_fused.h; fwd_slices
-// also the FP8 outputs without a residual, fwd_decode the residual add): with XQ, x is FP8 with a scale
-// per group of columns, dequantized as it is loaded; with a residual, the row is
-// h = x + residual (stored, then normalized as stored); with Q != kNone, y is
-// written as FP8: times the given per-tensor scale (max |y| atomically merged
-// into amax), or divided by a scale computed from the row's / the group's own
-// max |y| (row maxima with the row-sum machinery; groups of up to 32 lanes by
-// shuffles in fwd_regs, a thread per group in fwd_stream). Current scaling
+// also the FP8 outputs without a residual, fwd_decode the residual add):
+// with XQ, x is FP8 with a scale per group of columns, dequantized as it is
+// loaded; with a residual, the row is h = x + residual (stored, then
+// normalized as stored); with Q != kNone, y is written as FP8: times the
+// given per-tensor scale (max |y| atomically merged into amax), or divided
+// by a scale computed from the row's / the group's own max |y| (row maxima
+// with the row-sum machinery; groups of up to 32 lanes by shuffles in
+// fwd_regs, a thread per group in fwd_stream). Current scaling
 // (a scale from the tensor's own amax) runs the per-tensor kernels twice.
 //
 // FP8 input without a residual takes fwd_fp8_regs where the row fits: the
@@ -480,6 +481,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   }
 }
 
+// fwd_decode's residual add: none; residual and h in x's dtype (the common
+// case: no dtype to test a pack); or either of them in float32.
+enum class DecodeResid { kNone, kSame, kAny };
+
 // The norm at decode-time row counts (at most two rows per SM): one
 // row per CTA, kDecodeItems packs per thread, gamma/beta (x's dtype, one
 // set) loaded with x before the reduction, 32-bit indexing, and one
@@ -526,10 +531,6 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 // after: RMSNorm 16x4096 2.93 / 2.91 -> 2.77 / 2.77, 32x8192 3.41 / 3.41 ->
 // 3.20 / 3.18; LayerNorm 16x4096 3.31 / 3.31 -> 2.93 / 2.90, 32x8192 3.78 /
 // 3.76 -> 3.20 / 3.22, 64x8192 3.97 / 3.97 -> 3.44 / 3.42.
-// fwd_decode's residual add: none; residual and h in x's dtype (the common
-// case: no dtype to test a pack); or either of them in float32.
-enum class DecodeResid { kNone, kSame, kAny };
-
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false,
           DecodeResid R = DecodeResid::kNone>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
