@@ -188,26 +188,23 @@ def main():
             gref = (g.astype(jnp.float32) + 1).astype(pdt) if zc else g
             ref = (lambda x, gg=gref: jnp_rms(x, gg)) if kind == "rms" else (lambda x, gg=gref: jnp_layer(x, gg, b))
             nstat = 1 if kind == "rms" else 2
+            # A forward's parameters read and statistics written:
+            fwd_side = (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
             if mode == "add":  # dy stands in for the residual; h in x's dtype
                 ours = jax.jit(lambda x, r: jrn.add_rms_norm(x, r, g, zero_centered_gamma=zc)) if kind == "rms" else \
                     jax.jit(lambda x, r: jrn.add_layer_norm(x, r, g, b, zero_centered_gamma=zc))
                 xla = jax.jit(lambda x, r, ref=ref: (ref(x + r), x + r))
-                sets = list(zip(xs, dys))
+                sets = xla_sets = list(zip(xs, dys))
                 got, want = ours(*sets[0]), xla(*sets[0])
                 err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
-                nbytes = 4 * m * h * s + (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
-                if not args.rows:  # (latency mode times below)
-                    t = bench(ours, sets, args.iters, args.reps)
-                    tx = bench(xla, sets, args.iters, args.reps)
+                nbytes = 4 * m * h * s + fwd_side
             elif mode == "fwd":
                 ours = jax.jit(lambda x: jrn.rms_norm(x, g, zero_centered_gamma=zc)) if kind == "rms" else \
                     jax.jit(lambda x: jrn.layer_norm(x, g, b, zero_centered_gamma=zc))
                 xla = jax.jit(ref)
+                sets = xla_sets = [(x,) for x in xs]
                 err = rel_err(ours(xs[0]), xla(xs[0]))
-                nbytes = 2 * m * h * s + (nstat - (kind == "rms")) * h * ps + h * ps + nstat * 4 * m
-                if not args.rows:  # (latency mode times below)
-                    t = bench(ours, [(x,) for x in xs], args.iters, args.reps)
-                    tx = bench(xla, [(x,) for x in xs], args.iters, args.reps)
+                nbytes = 2 * m * h * s + fwd_side
             else:
                 if kind == "rms":
                     _, rstds = zip(*[jrn.rms_norm_fwd(x, g, zero_centered_gamma=zc) for x in xs])
@@ -219,23 +216,21 @@ def main():
                     ours = jax.jit(lambda dy, x, mu, r: jrn.layer_norm_bwd(dy, x, mu, r, g, zero_centered_gamma=zc))
                     sets = list(zip(dys, xs, means, rstds))
                     xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, gref, b)[1](dy))
-                got, want = ours(*sets[0]), xla(dys[0], xs[0])
+                xla_sets = [(dy, x) for dy, x in zip(dys, xs)]
+                got, want = ours(*sets[0]), xla(*xla_sets[0])
                 err = max(rel_err(got[0], want[0]), rel_err(got[1], want[1]))
                 nbytes = 3 * m * h * s + nstat * 4 * m + h * ps + nstat * h * ps
-                if not args.rows:  # (latency mode times below)
-                    t = bench(ours, sets, args.iters, args.reps)
-                    tx = bench(xla, [(dy, x) for dy, x in zip(dys, xs)], args.iters, args.reps)
             if args.rows:  # latency mode: time --chain dependent applications per call
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
-                if mode == "fwd":
-                    sets = xla_sets = [(x,) for x in xs]
-                else:
-                    xla_sets = [(dy, x) for dy, x in zip(dys, xs)] if mode == "bwd" else sets
                 t, tx = _median_seconds(
-                    [_rotated(chained(ours, args.chain, mode), sets), _rotated(chained(xla, args.chain, mode), xla_sets)],
+                    [_rotated(chained(ours, args.chain, mode), sets),
+                     _rotated(chained(xla, args.chain, mode), xla_sets)],
                     max(2, args.iters // 4), args.reps)
                 t, tx = t / args.chain, tx / args.chain
+            else:
+                t = bench(ours, sets, args.iters, args.reps)
+                tx = bench(xla, xla_sets, args.iters, args.reps)
             tol = 2e-2 if dt != jnp.float32 else 1e-4
             if not err < tol:
                 raise SystemExit(f"{op} {m}x{h}: result differs from the jnp reference (rel err {err:.2e})")
