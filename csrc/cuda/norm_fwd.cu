@@ -1859,12 +1859,12 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   }
 }
 
-// fwd_decode's instance of kDecodeItems packs a thread, one CTA a row, for
-// the launch's parameters (PLAIN or not) and residual add (R).
-template <NormKind K, class T, int VEC, DecodeResid R>
+// fwd_decode's instance for the launch's parameters (PLAIN or not), residual
+// add (R), packs a thread and split.
+template <NormKind K, class T, int VEC, DecodeResid R = DecodeResid::kNone, int ITEMS = kDecodeItems,
+          bool SPLIT = false>
 auto decode_instance(bool plain) {
-  return plain ? fwd_decode<K, T, VEC, kDecodeItems, true, false, R>
-               : fwd_decode<K, T, VEC, kDecodeItems, false, false, R>;
+  return plain ? fwd_decode<K, T, VEC, ITEMS, true, SPLIT, R> : fwd_decode<K, T, VEC, ITEMS, false, SPLIT, R>;
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
@@ -1945,8 +1945,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         const bool plain = a.plain_params<K>();
         if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
           if (wide_decode) {
-            auto kernel =
-                plain ? fwd_decode<K, T, VEC, 2 * kDecodeItems, true> : fwd_decode<K, T, VEC, 2 * kDecodeItems>;
+            auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone, 2 * kDecodeItems>(plain);
             kernel<<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
             return check_launch("fwd_decode");
           }
@@ -1966,9 +1965,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         if constexpr (K == NormKind::kLayer) {
           if (!a.residual)
             parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
-          if (parts > 1)
-            kernel = plain ? fwd_decode<K, T, VEC, kDecodeItems, true, true>
-                           : fwd_decode<K, T, VEC, kDecodeItems, false, true>;
+          if (parts > 1) kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
