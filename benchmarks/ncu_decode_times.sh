@@ -7,9 +7,10 @@
 #   SHAPES=16x4096,32x8192 OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
 # The residual add + norm (ours in fwd_decode since 3767cf4, fwd_regs before; XLA's composition returns y and h):
 #   OPS="add_rms add_ln" KERNELS=fwd_ bash benchmarks/ncu_decode_times.sh
-#   OPS="xla_add_rms xla_add_ln" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
-# (ncu_times.py refuses a launch count that does not fit: an op of several
-# kernels a call needs a KERNELS pattern that picks one of them.)
+#   OPS="xla_add_rms xla_add_ln" KERNELS=. bash benchmarks/ncu_decode_times.sh
+# (XLA runs that composition as two kernels a call, h's and y's: KERNELS=.
+# sums them a call, where ^fusion picked y's alone. ncu_times.py refuses a
+# launch count that is not the same number of kernels each call.)
 # or, against a reference tree, in one device call:
 #   ROUNDS=2 bash benchmarks/ab_same_call.sh dist/ref bash benchmarks/ncu_decode_times.sh
 set -uo pipefail

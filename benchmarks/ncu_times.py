@@ -5,8 +5,12 @@ the median of calls 2..N (the first one cold) and every call, in microseconds.
     python3 benchmarks/ncu_times.py ncu.csv --ops rms_fwd ln_fwd --shapes 16x4096,64x8192 --calls 5 \\
         --kernels fwd_decode
 
-Each (shape, op) must launch exactly one kernel matching --kernels per call, in
-profile_ops.py's order (shapes, then ops, then calls).
+Each (shape, op) must launch the same number of kernels matching --kernels per
+call, in profile_ops.py's order (shapes, then ops, then calls). Where that is
+more than one (XLA's composition of the residual add and the norm: a kernel for
+h, one for y), a call's time is the sum of its kernels', and the row names them:
+
+    python3 benchmarks/ncu_times.py ncu.csv --ops xla_add_rms --shapes 16x4096 --calls 5 --kernels .
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ def main():
     a = p.parse_args()
     ks = kernels(a.csv, a.kernels)
     cells = [(s, op) for s in a.shapes.split(",") for op in a.ops]
-    if len(ks) != len(cells) * a.calls:
-        raise SystemExit(f"{len(ks)} launches match {a.kernels!r}, expected {len(cells)} x {a.calls}")
-    print("| op shape | median us (calls 2..) | grid | every call |")
+    per_call, left = divmod(len(ks), len(cells) * a.calls)
+    if left or not per_call:
+        raise SystemExit(f"{len(ks)} launches match {a.kernels!r}, not a multiple of {len(cells)} x {a.calls}")
+    print("| op shape | median us (calls 2..) | grid | every call |" + (" kernels a call |" if per_call > 1 else ""))
     for i, (shape, op) in enumerate(cells):
-        mine = ks[i * a.calls:(i + 1) * a.calls]
-        us = [float(k["gpu__time_duration.sum"].replace(",", "")) / 1000 for k in mine]
-        print(f"| {op} {shape} | {statistics.median(us[1:]):.2f} | {mine[0]['grid'].replace(' ', '')} | "
-              + " ".join(f"{t:.2f}" for t in us))
+        mine = ks[i * a.calls * per_call:(i + 1) * a.calls * per_call]
+        calls = [mine[c * per_call:(c + 1) * per_call] for c in range(a.calls)]
+        us = [sum(float(k["gpu__time_duration.sum"].replace(",", "")) / 1000 for k in call) for call in calls]
+        grids = " + ".join(k["grid"].replace(" ", "") for k in calls[0])
+        names = " + ".join(k["name"].split("(")[0].split("<")[0].split("::")[-1] for k in calls[0])
+        print(f"| {op} {shape} | {statistics.median(us[1:]):.2f} | {grids} | " + " ".join(f"{t:.2f}" for t in us)
+              + (f" | {names} |" if per_call > 1 else ""))
 
 
 if __name__ == "__main__":

@@ -1954,6 +1954,24 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone>(plain);
         if (a.residual) {
           const bool same = sizeof(T) == 4 || (!a.residual_f32 && !a.h_f32);
+          if constexpr (K == NormKind::kRms) {
+            // RMSNorm's rows with the add (R = kSame), of at most
+            // kMaxRowThreads packs: one pack a thread, twice the warps, each
+            // with half the loads and stores. Same build, env knob, Nsight
+            // Compute kernel times on an H100, bf16, median of calls 2-5, us,
+            // two rounds, two packs -> one: 16x4096 3.15 / 3.17 -> 2.99 /
+            // 2.99, 64x4096 3.14 / 3.14 -> 2.98 / 3.02, 16x8192 3.55 / 3.57 ->
+            // 3.49 / 3.52, 32x8192 3.66 / 3.68 -> 3.58 / 3.58, 256x4096 3.81 /
+            // 3.82 -> 3.76 / 3.81. LayerNorm's rows lost at hidden 8192
+            // (1024 threads: 32x8192 3.92 -> 4.22) and at 256x4096 (4.19 ->
+            // 4.43), and four packs a thread spilled and lost everywhere
+            // (RESULTS.md table 3).
+            if (same && nvec <= kMaxRowThreads) {
+              auto one = decode_instance<K, T, VEC, DecodeResid::kSame, 1>(plain);
+              one<<<static_cast<unsigned>(a.shape.rows), std::max(32, pow2_ceil(static_cast<int>(nvec))), 0, stream>>>(a);
+              return check_launch("fwd_decode");
+            }
+          }
           kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame>(plain)
                         : decode_instance<K, T, VEC, DecodeResid::kAny>(plain);
         }
