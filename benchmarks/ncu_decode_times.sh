@@ -7,10 +7,10 @@
 #   SHAPES=16x4096,32x8192 OPS="xla_rms_fwd xla_ln_fwd" KERNELS=^fusion bash benchmarks/ncu_decode_times.sh
 # The residual add + norm (ours in fwd_decode since 3767cf4, fwd_regs before; XLA's composition returns y and h):
 #   OPS="add_rms add_ln" KERNELS=fwd_ bash benchmarks/ncu_decode_times.sh
-#   OPS="xla_add_rms xla_add_ln" KERNELS=. bash benchmarks/ncu_decode_times.sh
-# (XLA runs that composition as two kernels a call, h's and y's: KERNELS=.
-# sums them a call, where ^fusion picked y's alone. ncu_times.py refuses a
-# launch count that is not the same number of kernels each call.)
+#   OPS="xla_add_rms xla_add_ln" KERNELS=. PER_CALL=2 bash benchmarks/ncu_decode_times.sh
+# (XLA runs that composition as two kernels a call, h's and then y's, except
+# at one row: PER_CALL=2 sums them, where ^fusion picked y's alone.
+# ncu_times.py refuses a launch count other than PER_CALL kernels a call.)
 # or, against a reference tree, in one device call:
 #   ROUNDS=2 bash benchmarks/ab_same_call.sh dist/ref bash benchmarks/ncu_decode_times.sh
 set -uo pipefail
@@ -22,4 +22,5 @@ ncu --csv --clock-control none --cache-control none --graph-profiling node --met
   python3 benchmarks/profile_ops.py $OPS --shapes "$SHAPES" --calls 5 > "$csv" 2> "$csv.err" ||
   { tail -20 "$csv.err"; exit 1; }
 # shellcheck disable=SC2086
-python3 benchmarks/ncu_times.py "$csv" --ops $OPS --shapes "$SHAPES" --calls 5 --kernels "${KERNELS:-fwd_decode}"
+python3 benchmarks/ncu_times.py "$csv" --ops $OPS --shapes "$SHAPES" --calls 5 --kernels "${KERNELS:-fwd_decode}" \
+  --per-call "${PER_CALL:-1}"

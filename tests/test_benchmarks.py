@@ -79,7 +79,7 @@ def test_ncu_times(tmp_path):
     """ncu_times.py reads an Nsight Compute CSV (one row a metric and launch;
     ncu's own lines and other kernels' launches skipped) into one row a shape
     and op: the median of calls 2.., and refuses a launch count that does not
-    fit the shapes x ops x calls it was told."""
+    fit the shapes x ops x calls (x kernels a call) it was told."""
     header = '"ID","Kernel Name","Grid Size","Metric Name","Metric Unit","Metric Value"\n'
     rows, launch = [], 0
     for shape_us in ((9.0, 3.0, 5.0, 4.0), (7.0, 2.0, 2.5, 2.25)):  # two shapes of one op, 4 calls each
@@ -98,3 +98,8 @@ def test_ncu_times(tmp_path):
     bad = subprocess.run([sys.executable, str(tool), str(csv), "--ops", "ln_fwd", "--shapes", "16x4096",
                           "--calls", "4", "--kernels", "fwd_decode"], capture_output=True, text=True)
     assert bad.returncode != 0 and "8 launches match" in bad.stderr, bad.stderr
+    # The same launches as two kernels a call of one shape: each call's sum.
+    two = run_script(tool, str(csv), "--ops", "ln_fwd", "--shapes", "16x4096", "--calls", "4",
+                     "--kernels", "fwd_decode", "--per-call", "2")
+    assert "| ln_fwd 16x4096 | 9.00 | (16,4,1) + (16,4,1) | 12.00 9.00 9.00 4.75 | fwd_decode + fwd_decode |" \
+        in two, two
