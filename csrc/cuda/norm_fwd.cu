@@ -1918,15 +1918,19 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       // thread), where fwd_regs (several rows a CTA, parameters loaded after
       // the reductions) took 5.1-7.1 us. Nsight Compute kernel times on an
       // H100, bf16, median of calls 2-5, us, fwd_regs -> fwd_decode (R =
-      // kSame, two rounds; XLA's fusion of the jnp composition): add_rms
-      // 16x4096 5.52 -> 3.15 / 3.15 (2.88), 64x4096 5.66 -> 3.22 / 3.23
-      // (3.39), 32x8192 5.66 -> 3.49 / 3.52 (2.91), 256x4096 5.94 -> 3.79 /
-      // 3.74 (3.52); add_ln 6.80 -> 3.44 / 3.44 (2.94), 64x4096 6.88 -> 3.39 /
-      // 3.39 (3.09), 32x8192 6.98 -> 3.94 / 3.97 (3.20), 256x4096 7.10 ->
-      // 4.14 / 4.18 (3.95). Testing the dtypes at each pack (R = kAny for
-      // all) cost 0.1-0.2 us (add_rms 16x4096 3.39 / 3.33). LayerNorm's rows
-      // split into 2-4 parts, or RMSNorm's into 2-16, were level or slower
-      // (add_rms 16x4096 in 4: 3.30; 32x8192 in 8: 4.37). RESULTS.md table 3.
+      // kSame, two rounds): add_rms 16x4096 5.52 -> 3.15 / 3.15, 64x4096
+      // 5.66 -> 3.22 / 3.23, 32x8192 5.66 -> 3.49 / 3.52, 256x4096 5.94 ->
+      // 3.79 / 3.74; add_ln 6.80 -> 3.44 / 3.44, 64x4096 6.88 -> 3.39 / 3.39,
+      // 32x8192 6.98 -> 3.94 / 3.97, 256x4096 7.10 -> 4.14 / 4.18. XLA runs
+      // the jnp composition as two kernels, h's and then the norm's reading
+      // h: 5.5-7.5 us a call at 16-256 rows of 4096/8192. Testing the dtypes
+      // at each pack (R = kAny for all) cost 0.1-0.2 us (add_rms 16x4096
+      // 3.39 / 3.33). LayerNorm's rows split into 2-4 parts, or RMSNorm's
+      // into 2-16, were level or slower (add_rms 16x4096 in 4: 3.30; 32x8192
+      // in 8: 4.37); so were clusters of 2 or 4 CTAs a row, each CTA loading
+      // only its part, with the sums exchanged through distributed shared
+      // memory (0.8-1.0 us slower: add_rms 16x4096 3.20 -> 4.03, 4.03;
+      // 256x4096 3.84 -> 4.74, 6.82). RESULTS.md table 3.
       const bool wide_decode = nvec > kDecodeItems * kDecodeWideThreads && a.shape.rows > sms;
       if (!a.given_stats && a.shape.groups == 1 && sms > 0 && a.shape.rows <= 2 * sms &&
           a.shape.rows * a.shape.hidden <= INT32_MAX && nvec <= kDecodeItems * kMaxRowThreads &&
