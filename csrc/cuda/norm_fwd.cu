@@ -486,7 +486,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 enum class DecodeResid { kNone, kSame, kAny };
 
 // The norm at decode-time row counts (at most two rows per SM): one
-// row per CTA, kDecodeItems packs per thread, gamma/beta (x's dtype, one
+// row per CTA, kDecodeItems packs per thread (one for RMSNorm's rows with
+// the residual add, see the launcher), gamma/beta (x's dtype, one
 // set) loaded with x before the reduction, 32-bit indexing, and one
 // reduction a row (LayerNorm's sums taken around layer_shift, as in
 // fwd_slices). With a warp or four per scheduler, a warp's instructions
@@ -1972,7 +1973,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
             // (RESULTS.md table 3).
             if (same && nvec <= kMaxRowThreads) {
               auto one = decode_instance<K, T, VEC, DecodeResid::kSame, 1>(plain);
-              one<<<static_cast<unsigned>(a.shape.rows), std::max(32, pow2_ceil(static_cast<int>(nvec))), 0, stream>>>(a);
+              const int one_threads = std::max(32, pow2_ceil(static_cast<int>(nvec)));
+              one<<<static_cast<unsigned>(a.shape.rows), one_threads, 0, stream>>>(a);
               return check_launch("fwd_decode");
             }
           }
