@@ -16,6 +16,11 @@ jax.vjp of the jnp function (it recomputes the statistics, as a model does).
     python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384 --plot tbps.png
     # latency at decode-time rows, the residual add's y and h (against jnp's x + r, then the norm) too:
     python benchmarks/bench_norm.py --rows 1 16 64 256 --hidden 4096 8192 --ops rms_fwd ln_fwd add_rms add_ln
+
+In latency mode (--rows) every op, XLA's and the copy are chained --chain
+times in one program, so "% of copy" compares with a kernel that only reads x
+and writes -x at the same size (one launch a step, as for the ops); a single
+timed copy would be mostly host dispatch there.
 """
 
 from __future__ import annotations
@@ -176,7 +181,12 @@ def main():
         g = (1.0 + 0.1 * jax.random.normal(keys[2], (h,), jnp.float32)).astype(pdt)
         b = (0.1 * jax.random.normal(keys[3], (h,), jnp.float32)).astype(pdt)
         s, ps = dt.itemsize, pdt.itemsize
-        copy_t = copy_seconds(xs, dev, args.iters, args.reps)
+        if args.rows:  # latency mode: the copy chained as the ops are, one x -> -x kernel a step
+            neg = chained(lambda x: -x, args.chain, "fwd")
+            copy_t = _median_seconds([_rotated(neg, [(x,) for x in xs])], max(2, args.iters // 4),
+                                     args.reps)[0] / args.chain
+        else:
+            copy_t = copy_seconds(xs, dev, args.iters, args.reps)
         copy_bw = 2 * m * h * s / copy_t
         stream2_bw = None
         if not args.rows and any(op.endswith("bwd") for op in args.ops):
@@ -243,7 +253,8 @@ def main():
             rows_out.append(row)
             print(f"{op:8} {dt.name:9} {m:>6}x{h:<7} {row['us']:9.1f} {row['tbps']:6.2f} {row['pct_copy']:5.0f}% "
                   f"{row['pct_sol']:5.0f}% {row['xla_us']:9.1f} {row['xla_tbps']:8.2f} {row['speedup']:6.2f}x", flush=True)
-        print(f"{'copy':8} {dt.name:9} {m:>6}x{h:<7} {copy_t * 1e6:9.1f} {copy_bw / 1e12:6.2f}  (best of x -> -x and a D2D copy; read + write)")
+        how = "x -> -x chained as the ops are" if args.rows else "best of x -> -x and a D2D copy"
+        print(f"{'copy':8} {dt.name:9} {m:>6}x{h:<7} {copy_t * 1e6:9.1f} {copy_bw / 1e12:6.2f}  ({how}; read + write)")
         if stream2_bw:
             print(f"{'x + dy':8} {dt.name:9} {m:>6}x{h:<7} {stream2_t * 1e6:9.1f} {stream2_bw / 1e12:6.2f}  "
                   "(XLA's x + dy: two reads, one write; the backward's pattern)")
