@@ -46,6 +46,8 @@ def ops(x, g, b, dy):
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
         "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
+        "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32
+        "add_ln_h32": lambda: jrn.add_layer_norm(x, dy, g, b, h_dtype=jnp.float32),
         "rms_stats": lambda: jrn.rms_norm_stats(x),
         "xla_rms_fwd": lambda: jnp_rms(x, g),  # XLA's fusion of the jnp norm
         "xla_ln_fwd": lambda: jnp_layer(x, g, b),

@@ -40,6 +40,7 @@
 #include "launch.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 namespace jrn::cuda {
@@ -553,6 +554,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
   float r[R == DecodeResid::kNone ? 1 : ITEMS][VEC];  // the residual's packs, loaded with x
   bool in[ITEMS], mine[ITEMS];
+  // kSame: the residual in x's dtype, known at compile time.
+  const bool f32_resid = R == DecodeResid::kAny && a.residual_f32;
   auto load_params = [&](int i) {
     if (gamma) gv[i] = gamma[pack(i)];
     if (beta) bv[i] = beta[pack(i)];
@@ -563,10 +566,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
-      if constexpr (R == DecodeResid::kSame)
-        load_pack<VEC>(static_cast<const T*>(a.residual) + row * H + pack(i) * VEC, r[i]);
-      if constexpr (R == DecodeResid::kAny)
-        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
+      if constexpr (R != DecodeResid::kNone) load_pack_as<VEC, T>(a.residual, f32_resid, row * H + pack(i) * VEC, r[i]);
       if (!SPLIT) load_params(i);
     }
     if (SPLIT && mine[i]) load_params(i);
@@ -583,8 +583,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     shift = layer_shift(
         [&](int c) {
           float e[1] = {to_float(xrow[c])};
-          if constexpr (R == DecodeResid::kSame) e[0] += to_float(static_cast<const T*>(a.residual)[row * H + c]);
-          if constexpr (R == DecodeResid::kAny) add_residual<1, T>(e, a.residual, a.residual_f32, row * H + c);
+          if constexpr (R != DecodeResid::kNone) add_residual<1, T>(e, a.residual, f32_resid, row * H + c);
           return e[0];
         },
         H);
@@ -1948,17 +1947,21 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         // 3.49-3.68, 64x8192 4.29-4.45 -> 4.06-4.32, 256x4096 4.22-4.48 ->
         // 4.16-4.42; RMSNorm level (16x4096 3.04-3.68 -> 3.01-3.58).
         const bool plain = a.plain_params<K>();
-        if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
-          if (wide_decode) {
-            auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone, 2 * kDecodeItems>(plain);
-            kernel<<<static_cast<unsigned>(a.shape.rows), kDecodeWideThreads, 0, stream>>>(a);
-            return check_launch("fwd_decode");
-          }
-        }
-        const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kDecodeItems)));
         auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone>(plain);
-        if (a.residual) {
+        auto threads_for = [&](int items) { return std::max(32, pow2_ceil(static_cast<int>(ceil_div(nvec, items)))); };
+        int threads = threads_for(kDecodeItems), parts = 1;
+        static const int knob_plain = getenv("JRN_ONE_PLAIN") ? atoi(getenv("JRN_ONE_PLAIN")) : 0;
+        static const int knob_any = getenv("JRN_ONE_ANY") ? atoi(getenv("JRN_ONE_ANY")) : 0;
+        static const int knob_parts = getenv("JRN_RMS_PARTS") ? atoi(getenv("JRN_RMS_PARTS")) : 1;
+        if (wide_decode) {
+          if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
+            kernel = decode_instance<K, T, VEC, DecodeResid::kNone, 2 * kDecodeItems>(plain);
+            threads = kDecodeWideThreads;
+          }
+        } else if (a.residual) {
           const bool same = sizeof(T) == 4 || (!a.residual_f32 && !a.h_f32);
+          kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame>(plain)
+                        : decode_instance<K, T, VEC, DecodeResid::kAny>(plain);
           if constexpr (K == NormKind::kRms) {
             // RMSNorm's rows with the add (R = kSame), of at most
             // kMaxRowThreads packs: one pack a thread, twice the warps, each
@@ -1971,25 +1974,28 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
             // (1024 threads: 32x8192 3.92 -> 4.22) and at 256x4096 (4.19 ->
             // 4.43), and four packs a thread spilled and lost everywhere
             // (RESULTS.md table 3).
-            if (same && nvec <= kMaxRowThreads) {
-              auto one = decode_instance<K, T, VEC, DecodeResid::kSame, 1>(plain);
-              const int one_threads = std::max(32, pow2_ceil(static_cast<int>(nvec)));
-              one<<<static_cast<unsigned>(a.shape.rows), one_threads, 0, stream>>>(a);
-              return check_launch("fwd_decode");
+            if (nvec <= kMaxRowThreads && (same || knob_any)) {
+              kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame, 1>(plain)
+                            : decode_instance<K, T, VEC, DecodeResid::kAny, 1>(plain);
+              threads = threads_for(1);
             }
           }
-          kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame>(plain)
-                        : decode_instance<K, T, VEC, DecodeResid::kAny>(plain);
-        }
-        // LayerNorm's rows of at most a quarter of the SMs are split into
-        // parts (each CTA reads its row, and loads the parameters of and
-        // writes a part): more SMs load gamma and beta and store y at once.
-        // Not with the residual add, where the split was level or slower.
-        int parts = 1;
-        if constexpr (K == NormKind::kLayer) {
-          if (!a.residual)
-            parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
+        } else if constexpr (K == NormKind::kLayer) {
+          // LayerNorm's rows of at most a quarter of the SMs are split into
+          // parts (each CTA reads its row, and loads the parameters of and
+          // writes a part): more SMs load gamma and beta and store y at once.
+          // Not with the residual add, where the split was level or slower.
+          parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
           if (parts > 1) kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
+        } else {
+          if (knob_parts > 1 && a.shape.rows * knob_parts <= sms) parts = knob_parts;
+          if (knob_plain && nvec <= kMaxRowThreads) {
+            kernel = parts > 1 ? decode_instance<K, T, VEC, DecodeResid::kNone, 1, true>(plain)
+                               : decode_instance<K, T, VEC, DecodeResid::kNone, 1>(plain);
+            threads = threads_for(1);
+          } else if (parts > 1) {
+            kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
+          }
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
