@@ -554,8 +554,6 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   V xv[ITEMS], gv[ITEMS], bv[ITEMS];
   float r[R == DecodeResid::kNone ? 1 : ITEMS][VEC];  // the residual's packs, loaded with x
   bool in[ITEMS], mine[ITEMS];
-  // kSame: the residual in x's dtype, known at compile time.
-  const bool f32_resid = R == DecodeResid::kAny && a.residual_f32;
   auto load_params = [&](int i) {
     if (gamma) gv[i] = gamma[pack(i)];
     if (beta) bv[i] = beta[pack(i)];
@@ -566,7 +564,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     mine[i] = SPLIT ? pack(i) >= lo && pack(i) < hi : in[i];
     if (in[i]) {
       xv[i] = x[pack(i)];
-      if constexpr (R != DecodeResid::kNone) load_pack_as<VEC, T>(a.residual, f32_resid, row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kSame)
+        load_pack<VEC>(static_cast<const T*>(a.residual) + row * H + pack(i) * VEC, r[i]);
+      if constexpr (R == DecodeResid::kAny)
+        load_pack_as<VEC, T>(a.residual, a.residual_f32, row * H + pack(i) * VEC, r[i]);
       if (!SPLIT) load_params(i);
     }
     if (SPLIT && mine[i]) load_params(i);
@@ -583,7 +584,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
     shift = layer_shift(
         [&](int c) {
           float e[1] = {to_float(xrow[c])};
-          if constexpr (R != DecodeResid::kNone) add_residual<1, T>(e, a.residual, f32_resid, row * H + c);
+          if constexpr (R == DecodeResid::kSame) e[0] += to_float(static_cast<const T*>(a.residual)[row * H + c]);
+          if constexpr (R == DecodeResid::kAny) add_residual<1, T>(e, a.residual, a.residual_f32, row * H + c);
           return e[0];
         },
         H);
@@ -1951,7 +1953,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         auto threads_for = [&](int items) { return std::max(32, pow2_ceil(static_cast<int>(ceil_div(nvec, items)))); };
         int threads = threads_for(kDecodeItems), parts = 1;
         static const int knob_plain = getenv("JRN_ONE_PLAIN") ? atoi(getenv("JRN_ONE_PLAIN")) : 0;
-        static const int knob_any = getenv("JRN_ONE_ANY") ? atoi(getenv("JRN_ONE_ANY")) : 0;
+        static const int knob_items = getenv("JRN_RMS_ITEMS") ? atoi(getenv("JRN_RMS_ITEMS")) : 2;
         static const int knob_parts = getenv("JRN_RMS_PARTS") ? atoi(getenv("JRN_RMS_PARTS")) : 1;
         if (wide_decode) {
           if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
@@ -1974,7 +1976,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
             // (1024 threads: 32x8192 3.92 -> 4.22) and at 256x4096 (4.19 ->
             // 4.43), and four packs a thread spilled and lost everywhere
             // (RESULTS.md table 3).
-            if (nvec <= kMaxRowThreads && (same || knob_any)) {
+            if (nvec <= kMaxRowThreads) {
               kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame, 1>(plain)
                             : decode_instance<K, T, VEC, DecodeResid::kAny, 1>(plain);
               threads = threads_for(1);
@@ -1993,6 +1995,10 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
             kernel = parts > 1 ? decode_instance<K, T, VEC, DecodeResid::kNone, 1, true>(plain)
                                : decode_instance<K, T, VEC, DecodeResid::kNone, 1>(plain);
             threads = threads_for(1);
+          } else if (knob_items == 4 && nvec <= 4 * kMaxRowThreads) {
+            kernel = parts > 1 ? decode_instance<K, T, VEC, DecodeResid::kNone, 4, true>(plain)
+                               : decode_instance<K, T, VEC, DecodeResid::kNone, 4>(plain);
+            threads = threads_for(4);
           } else if (parts > 1) {
             kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
           }
