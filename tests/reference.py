@@ -124,12 +124,13 @@ def decode_bounds():
     bounds (fwd_decode): 2 x SMs rows; rows of 2048 packs; the variant of
     four packs a thread (more than SMs rows of more than 1024 packs);
     LayerNorm's plain rows split into parts at up to a quarter of the SMs
-    (four parts of 37 packs: 9, 9, 9 and 10); RMSNorm's rows with the
+    (four parts of 37 packs: 9, 9, 9 and 10), RMSNorm's from CTAs of 512
+    threads (rows of 513 packs; 512 stay whole); RMSNorm's rows with the
     residual add of at most 1024 packs, one a thread (1024, 1025); and 1001
     elements, which are not whole packs and so not the kernel's."""
     sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
     return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001), (sms + 1, 1025),
-            (1, 37), (sms // 4, 37), (sms // 4, 2048), (4, 1024), (4, 1025)]
+            (1, 37), (sms // 4, 37), (sms // 4, 2048), (4, 512), (4, 513), (4, 1024), (4, 1025)]
 
 
 def decode_hidden(packs, dtype):

@@ -68,6 +68,7 @@ constexpr int kDecodeThreads = 128;  // target CTA size where the rows are few (
 constexpr int kDecodeItems = 2;      // packs per thread in fwd_decode
 constexpr int kDecodeWideThreads = 512;  // fwd_decode's CTA for rows of more packs (twice the items)
 constexpr int kDecodeMaxParts = 4;       // CTAs a row in fwd_decode, at most
+constexpr int kDecodeSplitMinThreads = 512;  // RMSNorm's decode rows split from CTAs of this many threads
 
 // The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
 // (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
@@ -1952,9 +1953,7 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone>(plain);
         auto threads_for = [&](int items) { return std::max(32, pow2_ceil(static_cast<int>(ceil_div(nvec, items)))); };
         int threads = threads_for(kDecodeItems), parts = 1;
-        static const int knob_plain = getenv("JRN_ONE_PLAIN") ? atoi(getenv("JRN_ONE_PLAIN")) : 0;
-        static const int knob_items = getenv("JRN_RMS_ITEMS") ? atoi(getenv("JRN_RMS_ITEMS")) : 2;
-        static const int knob_parts = getenv("JRN_RMS_PARTS") ? atoi(getenv("JRN_RMS_PARTS")) : 1;
+        static const int knob_split = getenv("JRN_RMS_SPLIT") ? atoi(getenv("JRN_RMS_SPLIT")) : 1;
         if (wide_decode) {
           if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
             kernel = decode_instance<K, T, VEC, DecodeResid::kNone, 2 * kDecodeItems>(plain);
@@ -1982,26 +1981,16 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
               threads = threads_for(1);
             }
           }
-        } else if constexpr (K == NormKind::kLayer) {
-          // LayerNorm's rows of at most a quarter of the SMs are split into
-          // parts (each CTA reads its row, and loads the parameters of and
-          // writes a part): more SMs load gamma and beta and store y at once.
-          // Not with the residual add, where the split was level or slower.
+        } else if (K == NormKind::kLayer || threads >= kDecodeSplitMinThreads) {
+          // Rows of at most a quarter of the SMs are split into parts (each
+          // CTA reads its row, and loads the parameters of and writes a
+          // part): more SMs load the parameters and store y at once.
+          // LayerNorm's rows at every width; RMSNorm's, with gamma alone,
+          // only in CTAs of kDecodeSplitMinThreads or more. Not with the
+          // residual add, where the split was level or slower.
           parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
+          if (K == NormKind::kRms && !knob_split) parts = 1;
           if (parts > 1) kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
-        } else {
-          if (knob_parts > 1 && a.shape.rows * knob_parts <= sms) parts = knob_parts;
-          if (knob_plain && nvec <= kMaxRowThreads) {
-            kernel = parts > 1 ? decode_instance<K, T, VEC, DecodeResid::kNone, 1, true>(plain)
-                               : decode_instance<K, T, VEC, DecodeResid::kNone, 1>(plain);
-            threads = threads_for(1);
-          } else if (knob_items == 4 && nvec <= 4 * kMaxRowThreads) {
-            kernel = parts > 1 ? decode_instance<K, T, VEC, DecodeResid::kNone, 4, true>(plain)
-                               : decode_instance<K, T, VEC, DecodeResid::kNone, 4>(plain);
-            threads = threads_for(4);
-          } else if (parts > 1) {
-            kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
-          }
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
         return check_launch("fwd_decode");
