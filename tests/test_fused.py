@@ -104,9 +104,10 @@ def _check_add_forward(kind, dtype, shape, platform):
 
 
 # On a GPU the residual add at decode-time row counts takes fwd_decode as the
-# plain norm does, with three differences: rows are not split into parts, rows of more than 1024 packs, more than one a SM, take fwd_regs
-# (not fwd_decode's variant of four packs a thread), and RMSNorm's rows of at
-# most 1024 packs take one pack a thread (two otherwise).
+# plain norm does, with three differences: rows are not split into parts,
+# rows of more than 1024 packs, more than one a SM, take fwd_regs (not
+# fwd_decode's variant of four packs a thread), and RMSNorm's rows of at most
+# 1024 packs take one pack a thread (two otherwise).
 @pytest.mark.parametrize("rows, packs", decode_bounds(), ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)

@@ -40,7 +40,6 @@
 #include "launch.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 namespace jrn::cuda {
@@ -509,19 +508,21 @@ enum class DecodeResid { kNone, kSame, kAny };
 // float32 256x8192 LayerNorm 9.2 -> 6.6 us, bf16 256x16384 RMSNorm 7.7 ->
 // 6.2, table 6q).
 //
-// LayerNorm's rows of at most a quarter of the SMs are split into gridDim.y
-// parts (SPLIT; at most kDecodeMaxParts, rows x parts within half the SMs):
-// each part's CTA reads the whole row for its statistics (from L2 after the
-// first), but loads gamma and beta for, and writes, only its part, so more
-// SMs load the parameters and store y at once. Same-call A/B, Nsight
-// Compute kernel times on an H100, bf16, median of calls 2-5, two rounds,
-// us, one CTA a row -> parts (RESULTS.md table 3, "LayerNorm's decode rows
+// Rows of at most a quarter of the SMs are split into gridDim.y parts
+// (SPLIT; at most kDecodeMaxParts, rows x parts within half the SMs): each
+// part's CTA reads the whole row for its statistics (from L2 after the
+// first), but loads the parameters for, and writes, only its part, so more
+// SMs load the parameters and store y at once. LayerNorm, same-call A/B,
+// Nsight Compute kernel times on an H100, bf16, median of calls 2-5, two
+// rounds, us, one CTA a row -> parts (RESULTS.md table 3, "LayerNorm's decode rows
 // split into parts"): 1x4096 3.55 / 3.54 -> 3.46 / 3.46 (4 parts); 16x4096
 // 3.58 / 3.58 -> 3.52 / 3.52 (4); 32x4096 3.55 / 3.55 -> 3.52 / 3.52 (2);
 // 1x8192 4.05 / 4.02 -> 3.86 / 3.84 (4); 16x8192 4.10 / 4.08 -> 3.92 / 3.92
-// (4); 32x8192 4.05 / 4.03 -> 3.94 / 3.94 (2). RMSNorm's rows, with gamma
-// alone, split the same way were level or slower (16x4096 3.12 / 3.10 ->
-// 3.20 / 3.17), and eight or sixteen parts gained nothing over four.
+// (4); 32x8192 4.05 / 4.03 -> 3.94 / 3.94 (2). Eight or sixteen parts gained
+// nothing over four. RMSNorm's rows, with gamma alone, are split only in
+// CTAs of 512 threads or more (0.1-0.35 us faster, see the launcher); in
+// smaller ones the split was level or slower (16x4096 3.12 / 3.10 -> 3.20 /
+// 3.17).
 //
 // The row's fixed work is kept off its critical path (RESULTS.md table 3,
 // "The decode forward's fixed work"): the kernel parameters the row's end
@@ -1953,7 +1954,6 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         auto kernel = decode_instance<K, T, VEC, DecodeResid::kNone>(plain);
         auto threads_for = [&](int items) { return std::max(32, pow2_ceil(static_cast<int>(ceil_div(nvec, items)))); };
         int threads = threads_for(kDecodeItems), parts = 1;
-        static const int knob_split = getenv("JRN_RMS_SPLIT") ? atoi(getenv("JRN_RMS_SPLIT")) : 1;
         if (wide_decode) {
           if constexpr (sizeof(T) == 4 || K == NormKind::kRms) {
             kernel = decode_instance<K, T, VEC, DecodeResid::kNone, 2 * kDecodeItems>(plain);
@@ -1964,14 +1964,16 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
           kernel = same ? decode_instance<K, T, VEC, DecodeResid::kSame>(plain)
                         : decode_instance<K, T, VEC, DecodeResid::kAny>(plain);
           if constexpr (K == NormKind::kRms) {
-            // RMSNorm's rows with the add (R = kSame), of at most
-            // kMaxRowThreads packs: one pack a thread, twice the warps, each
-            // with half the loads and stores. Same build, env knob, Nsight
-            // Compute kernel times on an H100, bf16, median of calls 2-5, us,
-            // two rounds, two packs -> one: 16x4096 3.15 / 3.17 -> 2.99 /
-            // 2.99, 64x4096 3.14 / 3.14 -> 2.98 / 3.02, 16x8192 3.55 / 3.57 ->
-            // 3.49 / 3.52, 32x8192 3.66 / 3.68 -> 3.58 / 3.58, 256x4096 3.81 /
-            // 3.82 -> 3.76 / 3.81. LayerNorm's rows lost at hidden 8192
+            // RMSNorm's rows with the add, of at most kMaxRowThreads packs:
+            // one pack a thread, twice the warps, each with half the loads
+            // and stores. Same build, env knob, Nsight Compute kernel times
+            // on an H100, bf16, median of calls 2-5, us, two rounds, two
+            // packs -> one: 16x4096 3.15 / 3.17 -> 2.99 / 2.99, 64x4096 3.14
+            // / 3.14 -> 2.98 / 3.02, 16x8192 3.55 / 3.57 -> 3.49 / 3.52,
+            // 32x8192 3.66 / 3.68 -> 3.58 / 3.58, 256x4096 3.81 / 3.82 ->
+            // 3.76 / 3.81; with h in float32 (R = kAny) 16x4096 3.42 / 3.42 ->
+            // 3.25 / 3.23, 32x8192 4.40 / 4.37 -> 4.21 / 4.22, 256x4096 5.36 /
+            // 5.28 -> 4.62 / 4.59. LayerNorm's rows lost at hidden 8192
             // (1024 threads: 32x8192 3.92 -> 4.22) and at 256x4096 (4.19 ->
             // 4.43), and four packs a thread spilled and lost everywhere
             // (RESULTS.md table 3).
@@ -1986,10 +1988,18 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
           // CTA reads its row, and loads the parameters of and writes a
           // part): more SMs load the parameters and store y at once.
           // LayerNorm's rows at every width; RMSNorm's, with gamma alone,
-          // only in CTAs of kDecodeSplitMinThreads or more. Not with the
-          // residual add, where the split was level or slower.
+          // only in CTAs of kDecodeSplitMinThreads or more. Nsight Compute
+          // kernel times on an H100, bf16, same build, us, two rounds, one
+          // CTA a row -> parts: 1x8192 3.07 / 3.04 -> 2.85 / 2.85 (4 parts),
+          // 8x8192 3.06 / 3.02 -> 2.90 / 2.90 (4), 16x8192 3.12 / 3.10 ->
+          // 2.99 / 2.99 (4), 32x8192 3.20 / 3.18 -> 3.10 / 3.14 (2),
+          // 16x16384 3.81 / 3.79 -> 3.46 / 3.46 (4), 32x16384 3.84 / 3.82 ->
+          // 3.62 / 3.60 (2); in CTAs of 256 threads level or slower (16x4096
+          // 2.85 / 2.83 -> 2.90 / 2.88 in 2 parts, 32x4096 2.91 / 2.88 ->
+          // 3.02 / 3.01 in 4). Four packs a thread, with or without parts,
+          // were slower (16x8192 3.10-3.14). Not with the residual add,
+          // where the split was level or slower (RESULTS.md table 3).
           parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
-          if (K == NormKind::kRms && !knob_split) parts = 1;
           if (parts > 1) kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
         }
         kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
