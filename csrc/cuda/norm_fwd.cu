@@ -520,7 +520,7 @@ enum class DecodeResid { kNone, kSame, kAny };
 // 1x8192 4.05 / 4.02 -> 3.86 / 3.84 (4); 16x8192 4.10 / 4.08 -> 3.92 / 3.92
 // (4); 32x8192 4.05 / 4.03 -> 3.94 / 3.94 (2). Eight or sixteen parts gained
 // nothing over four. RMSNorm's rows, with gamma alone, are split only in
-// CTAs of 512 threads or more (0.1-0.35 us faster, see the launcher); in
+// CTAs of 512 threads or more (0.03-0.34 us faster, see the launcher); in
 // smaller ones the split was level or slower (16x4096 3.12 / 3.10 -> 3.20 /
 // 3.17).
 //
