@@ -110,6 +110,40 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
     _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
 
 
+# Decode-time forwards back to back in one program, each reading the y that
+# the kernel before it has just written: ours after ours, and ours after XLA's
+# |y| (exact in every dtype). On compute capability 9.0 and newer fwd_decode is launched to start
+# while the kernel before it finishes (programmatic dependent launch) and must
+# wait for that kernel's writes. Each step is checked against the float64
+# reference applied to the previous step's output as the device returned it.
+@pytest.mark.parametrize("shape", [(16, 4096), (64, 8192), (1, 2048)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_chained_decode(kind, dtype, shape, platform):
+    steps, hidden = 8, shape[-1]
+    key = case_key((kind, dtype, shape))
+    x = random(key, shape, dtype)
+    gamma = random(key + 1, (hidden,), dtype, 0.1, 1.0)
+    beta = random(key + 2, (hidden,), dtype, 0.1) if kind == "layer" else None
+    x, gamma, beta = put(platform, x, gamma, beta)
+    norm = ((lambda v: jrn.rms_norm(v, gamma, eps=EPS[kind])) if kind == "rms" else
+            (lambda v: jrn.layer_norm(v, gamma, beta, eps=EPS[kind])))
+
+    @jax.jit
+    def chain(v):
+        outs = [v]
+        for i in range(steps):
+            outs.append(norm(jnp.abs(outs[-1]) if i % 2 else outs[-1]))
+        return outs
+
+    poison(platform, 4 * x.size * (steps + 1) + 1024)
+    outs = chain(x)
+    for i in range(steps):
+        prev = np.abs(f64(outs[i])) if i % 2 else f64(outs[i])
+        want = ref_forward(kind, prev, f64(gamma), f64(beta), eps=EPS[kind])[0]
+        assert_close(outs[i + 1], want, dtype, f"{kind} step {i + 1} of {steps}")
+
+
 # On a GPU the plain forward of widths that are not a multiple of a 16-byte
 # pack takes fwd_unaligned: each row starts at its own offset from a 16-byte
 # boundary, its first and last elements taken one by one and the rest in

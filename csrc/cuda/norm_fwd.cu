@@ -538,6 +538,7 @@ enum class DecodeResid { kNone, kSame, kAny };
 template <NormKind K, class T, int VEC, int ITEMS = kDecodeItems, bool PLAIN = false, bool SPLIT = false,
           DecodeResid R = DecodeResid::kNone>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
+  early_launch_wait();  // launched by launch_early: before any global memory access
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   __shared__ float smem[kRowSumSmem];
@@ -2002,8 +2003,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
           parts = pow2_floor(static_cast<int>(std::clamp<int64_t>(sms / (2 * a.shape.rows), 1, kDecodeMaxParts)));
           if (parts > 1) kernel = decode_instance<K, T, VEC, DecodeResid::kNone, kDecodeItems, true>(plain);
         }
-        kernel<<<dim3(static_cast<unsigned>(a.shape.rows), parts), threads, 0, stream>>>(a);
-        return check_launch("fwd_decode");
+        return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows), parts), dim3(threads), stream,
+                            "fwd_decode", a);
       }
       if (!a.residual && (a.gamma || a.beta) && block.x * block.y <= kEarlyThreads && sms > 0 &&
           grid.x <= 2u * sms) {
