@@ -7,6 +7,7 @@ gap before the next one starts. Ours and XLA's jnp version (and the x -> -x
 copy the latency mode compares with) are traced in turn:
 
     python benchmarks/chain_trace.py --rows 16 64 --hidden 8192 --ops rms_fwd ln_fwd
+    python benchmarks/chain_trace.py --mix --ops add_rms add_ln   # beside XLA's kernels; the residual add
     JAX_RMSNORM_PDL=0 python benchmarks/chain_trace.py ...   # our kernels without early launch
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/chain_trace.py ...   # no CUDA graphs
 
@@ -69,7 +70,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
-    ap.add_argument("--ops", nargs="+", default=["rms_fwd", "ln_fwd"], choices=["rms_fwd", "ln_fwd"])
+    ap.add_argument("--ops", nargs="+", default=["rms_fwd", "ln_fwd"],
+                    choices=["rms_fwd", "ln_fwd", "add_rms", "add_ln"],
+                    help="add_rms / add_ln: the residual add + norm (y the next x, h the next residual), "
+                         "against jnp's x + r, then the norm")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chain", type=int, default=50)
     ap.add_argument("--runs", type=int, default=3, help="traced calls per chain; the median step is printed")
@@ -80,36 +84,46 @@ def main():
     args = ap.parse_args()
     dt = jnp.dtype(args.dtype)
     print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
-    print(f"{'chain':9} {'shape':>12} {'k/step':>6} {'us/step':>8} {'kernel us':>9} {'gap us':>7}  host launches")
+    print(f"{'chain':11} {'shape':>12} {'k/step':>6} {'us/step':>8} {'kernel us':>9} {'gap us':>7}  host launches")
     for h in args.hidden:
         for m in args.rows:
-            k = jax.random.split(jax.random.key(m * 7 + h), 3)
+            k = jax.random.split(jax.random.key(m * 7 + h), 4)
             x = jax.random.normal(k[0], (m, h), jnp.float32).astype(dt)
             g = (1 + 0.1 * jax.random.normal(k[1], (h,), jnp.float32)).astype(dt)
             b = (0.1 * jax.random.normal(k[2], (h,), jnp.float32)).astype(dt)
-            fns = {"copy": lambda x: -x}
+            r = jax.random.normal(k[3], (m, h), jnp.float32).astype(dt)
+            # name -> (fn, chained mode, its arguments)
+            fns = {"copy": (lambda x: -x, "fwd", (x,))}
             for op in args.ops:
                 if op == "rms_fwd":
-                    fns["rms ours"] = lambda x: jrn.rms_norm(x, g)
-                    fns["rms xla"] = lambda x: jnp_rms(x, g)
+                    fns["rms ours"] = (lambda x: jrn.rms_norm(x, g), "fwd", (x,))
+                    fns["rms xla"] = (lambda x: jnp_rms(x, g), "fwd", (x,))
+                elif op == "ln_fwd":
+                    fns["ln ours"] = (lambda x: jrn.layer_norm(x, g, b), "fwd", (x,))
+                    fns["ln xla"] = (lambda x: jnp_layer(x, g, b), "fwd", (x,))
+                elif op == "add_rms":
+                    fns["addrms ours"] = (lambda x, r: jrn.add_rms_norm(x, r, g), "add", (x, r))
+                    fns["addrms xla"] = (lambda x, r: (jnp_rms(x + r, g), x + r), "add", (x, r))
                 else:
-                    fns["ln ours"] = lambda x: jrn.layer_norm(x, g, b)
-                    fns["ln xla"] = lambda x: jnp_layer(x, g, b)
-            if args.mix:
-                fns = {name: (lambda x, f=f: (jax.lax.optimization_barrier(f(x)) * 2).astype(x.dtype))
-                       for name, f in fns.items()}
-            for name, fn in fns.items():
-                call = chained(fn, args.chain, "fwd")
+                    fns["addln ours"] = (lambda x, r: jrn.add_layer_norm(x, r, g, b), "add", (x, r))
+                    fns["addln xla"] = (lambda x, r: (jnp_layer(x + r, g, b), x + r), "add", (x, r))
+            if args.mix:  # XLA's 2 * y after each step (y alone where the step also returns h)
+                twice = lambda y: (jax.lax.optimization_barrier(y) * 2).astype(y.dtype)
+                fns = {name: ((lambda *a, f=f: twice(f(*a))) if mode == "fwd" else
+                              (lambda *a, f=f: (lambda y, hh: (twice(y), hh))(*f(*a))), mode, a)
+                       for name, (f, mode, a) in fns.items()}
+            for name, (fn, mode, fargs) in fns.items():
+                call = chained(fn, args.chain, mode)
                 for _ in range(3):
-                    jax.block_until_ready(call(x))
-                runs = [_trace(call, (x,)) for _ in range(args.runs)]
+                    jax.block_until_ready(call(*fargs))
+                runs = [_trace(call, fargs) for _ in range(args.runs)]
                 sums = sorted((s for s in (_summary(kr, args.chain) for kr, _ in runs) if s), key=lambda s: s[1])
                 if not sums:
-                    print(f"{name:9} {m:>5}x{h:<6} no kernel records (is the profiler's CUPTI available?)")
+                    print(f"{name:11} {m:>5}x{h:<6} no kernel records (is the profiler's CUPTI available?)")
                     continue
                 per, span, busy, gap = sums[len(sums) // 2]
                 host = dict(runs[0][1])
-                print(f"{name:9} {m:>5}x{h:<6} {per:6.1f} {span:8.2f} {busy:9.2f} {gap:7.2f}  {host}", flush=True)
+                print(f"{name:11} {m:>5}x{h:<6} {per:6.1f} {span:8.2f} {busy:9.2f} {gap:7.2f}  {host}", flush=True)
                 if args.names:
                     for kname, n in collections.Counter(n for n, _, _ in runs[0][0]).most_common(4):
                         print(f"{'':24}{n:4} x {kname[:100]}")
