@@ -112,10 +112,11 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 
 # Decode-time forwards back to back in one program, each reading the y that
 # the kernel before it has just written: ours after ours, and ours after XLA's
-# |y| (exact in every dtype). On compute capability 9.0 and newer fwd_decode is launched to start
-# while the kernel before it finishes (programmatic dependent launch) and must
-# wait for that kernel's writes. Each step is checked against the float64
-# reference applied to the previous step's output as the device returned it.
+# |y| (exact in every dtype). On compute capability 9.0 and newer fwd_decode
+# is launched to start while the kernel before it finishes (programmatic
+# dependent launch) and must wait for that kernel's writes. Each step is
+# checked against the float64 reference applied to the previous step's output
+# as the device returned it.
 @pytest.mark.parametrize("shape", [(16, 4096), (64, 8192), (1, 2048)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
