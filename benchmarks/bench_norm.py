@@ -20,7 +20,9 @@ jax.vjp of the jnp function (it recomputes the statistics, as a model does).
 In latency mode (--rows) every op, XLA's and the copy are chained --chain
 times in one program, so "% of copy" compares with a kernel that only reads x
 and writes -x at the same size (one launch a step, as for the ops); a single
-timed copy would be mostly host dispatch there.
+timed copy would be mostly host dispatch there. Each of our steps follows one
+of ours there, which our decode kernel's early launch shortens (RESULTS.md
+table 3); in a model a norm follows XLA's kernels, as chain_trace.py --mix has it.
 """
 
 from __future__ import annotations
