@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
 from reference import (DTYPES, assert_close, case_key, decode_bounds, decode_hidden, f64, poison, put, random,
-                       ref_backward, ref_forward, run_script)
+                       ref_add, ref_backward, ref_forward, run_script)
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -112,37 +112,52 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 
 # Decode-time forwards back to back in one program, each reading the y that
 # the kernel before it has just written: ours after ours, and ours after XLA's
-# |y| (exact in every dtype). On compute capability 9.0 and newer fwd_decode
-# is launched to start while the kernel before it finishes (programmatic
-# dependent launch) and must wait for that kernel's writes. Each step is
-# checked against the float64 reference applied to the previous step's output
-# as the device returned it.
+# |y| (exact in every dtype). With the residual add, each step also reads the
+# h of the step before (the residual stream of a stack of blocks). On compute
+# capability 9.0 and newer fwd_decode is launched to start while the kernel
+# before it finishes (programmatic dependent launch) and must wait for that
+# kernel's writes. Each step is checked against the float64 reference applied
+# to the previous step's outputs as the device returned them.
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "add"])
 @pytest.mark.parametrize("shape", [(16, 4096), (64, 8192), (1, 2048)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
-def test_chained_decode(kind, dtype, shape, platform):
+def test_chained_decode(kind, dtype, shape, residual, platform):
     steps, hidden = 8, shape[-1]
-    key = case_key((kind, dtype, shape))
+    key = case_key((kind, dtype, shape, residual))
     x = random(key, shape, dtype)
+    r = random(key + 3, shape, dtype)
     gamma = random(key + 1, (hidden,), dtype, 0.1, 1.0)
     beta = random(key + 2, (hidden,), dtype, 0.1) if kind == "layer" else None
-    x, gamma, beta = put(platform, x, gamma, beta)
-    norm = ((lambda v: jrn.rms_norm(v, gamma, eps=EPS[kind])) if kind == "rms" else
-            (lambda v: jrn.layer_norm(v, gamma, beta, eps=EPS[kind])))
+    x, r, gamma, beta = put(platform, x, r, gamma, beta)
+    eps = EPS[kind]
+    if residual:
+        step = ((lambda v, h: jrn.add_rms_norm(v, h, gamma, eps=eps)) if kind == "rms" else
+                (lambda v, h: jrn.add_layer_norm(v, h, gamma, beta, eps=eps)))
+    else:
+        norm = ((lambda v: jrn.rms_norm(v, gamma, eps=eps)) if kind == "rms" else
+                (lambda v: jrn.layer_norm(v, gamma, beta, eps=eps)))
+        step = lambda v, h: (norm(v), h)
 
     @jax.jit
-    def chain(v):
-        outs = [v]
+    def chain(v, h):
+        outs = [(v, h)]
         for i in range(steps):
-            outs.append(norm(jnp.abs(outs[-1]) if i % 2 else outs[-1]))
+            v, h = outs[-1]
+            outs.append(step(jnp.abs(v) if i % 2 else v, h))
         return outs
 
-    poison(platform, 4 * x.size * (steps + 1) + 1024)
-    outs = chain(x)
+    poison(platform, 8 * x.size * (steps + 1) + 1024)
+    outs = chain(x, r)
     for i in range(steps):
-        prev = np.abs(f64(outs[i])) if i % 2 else f64(outs[i])
-        want = ref_forward(kind, prev, f64(gamma), f64(beta), eps=EPS[kind])[0]
-        assert_close(outs[i + 1], want, dtype, f"{kind} step {i + 1} of {steps}")
+        v, h = outs[i]
+        v = jnp.abs(v) if i % 2 else v
+        if residual:
+            h_want = ref_add(v, h, dtype)
+            assert_close(outs[i + 1][1], f64(h_want), dtype, f"{kind} h, step {i + 1} of {steps}")
+            v = h_want
+        want = ref_forward(kind, f64(v), f64(gamma), f64(beta), eps=eps)[0]
+        assert_close(outs[i + 1][0], want, dtype, f"{kind} y, step {i + 1} of {steps}")
 
 
 # On a GPU the plain forward of widths that are not a multiple of a 16-byte
