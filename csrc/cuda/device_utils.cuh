@@ -1015,13 +1015,14 @@ __device__ __forceinline__ void early_launch_wait() {
 }
 
 // Whether launch_early asks for the overlap: on compute capability 9.0 and
-// newer, unless JAX_RMSNORM_PDL=0 is in the environment (read once).
+// newer (the devices has_clusters() names), unless JAX_RMSNORM_PDL=0 is in
+// the environment (read once).
 inline bool early_launch_enabled() {
   static const bool allowed = [] {
     const char* v = std::getenv("JAX_RMSNORM_PDL");
     return !(v && std::string(v) == "0");
   }();
-  return allowed && device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9;
+  return allowed && has_clusters();
 }
 
 // Launches `kernel`, which calls early_launch_wait() before any global memory
