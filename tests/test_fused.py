@@ -446,6 +446,38 @@ def _check_fp8_params(kind, params, quant, shape, platform):
                        scale=scale, group=128, zc=zc)
 
 
+# On a GPU, per-tensor and per-row FP8 (current scaling's two passes too) at
+# widths that are not a multiple of a 16-byte pack take fwd_unaligned, as the
+# plain forward does (test_add_norm_forward_unaligned), with the residual and
+# without; 32769 (16-bit x) lies past it. Each width takes one parameter case
+# in turn (float32 gamma, zero-centred, LayerNorm without beta, none).
+UNALIGNED_SHAPES = [(600, 127), (300, 1001), (100, 4097), (64, 4100), (20, 12290), (10, 32769)]
+
+
+@pytest.mark.parametrize("shape", UNALIGNED_SHAPES, ids=sid)
+@pytest.mark.parametrize("quant", ["tensor", "row", "current"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_unaligned(kind, dtype, quant, shape, platform):
+    cases = ["common", "f32", "zero_centered", "none"] + (["no_beta"] if kind == "layer" else [])
+    params = cases[UNALIGNED_SHAPES.index(shape) % len(cases)]
+    key = case_key(("fp8u", kind, quant, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    r = random(key + 1, shape, dtype, scale=1.5)
+    gamma, beta, zc = _param_case(kind, params, shape[-1], dtype, key)
+    scale = np.float32(37.5)
+    kw = dict(scale=scale) if quant == "tensor" else {}
+    f = _fp8_fn(kind, quant, out_dtype=E4M3, zero_centered_gamma=zc)
+    what = f"{kind} {dname(dtype)} {shape} {quant} {params}"
+    outs = _run_fp8(platform, f, x, gamma, beta, **kw)
+    _check_fp8_outputs(kind, quant, x, gamma, beta, outs, E4M3, what, scale=scale, zc=zc)
+    q, qs, h = _run_fp8(platform, f, x, gamma, beta, residual=put(platform, r)[0], **kw)
+    h_ref = ref_add(x, r, dtype)
+    np.testing.assert_array_equal(f64(h), f64(h_ref), err_msg=what + " residual h")
+    _check_fp8_outputs(kind, quant, h_ref, gamma, beta, (q, qs), E4M3, what + " residual", scale=scale, zc=zc)
+
+
 # More rows than the GPU's persistent slots: the FP8 forward walks several
 # rows per slot through every stage of its shared-memory ring, and under vmap
 # a slot's rows cross from one tensor (one amax) to the next. At 1024,

@@ -355,9 +355,10 @@ __device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, cons
   }
 }
 
-// The forward without FP8 (with or without a residual) of rows whose width
-// is not a multiple of a 16-byte pack (x and y themselves 16-byte aligned,
-// and the residual and h). Each row then starts at its own
+// The forward without FP8, or with per-tensor or per-row FP8 (with or
+// without a residual), of rows whose width is not a multiple of a 16-byte
+// pack (x and y or q themselves 16-byte aligned, and the residual and h).
+// Each row then starts at its own
 // offset from a 16-byte boundary: its elements before the first boundary
 // (`head`, fewer than a pack) and after the last (`tail`) are taken one by
 // one by the row's first threads, and the others in 16-byte packs, up to
@@ -380,13 +381,18 @@ __device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, cons
 // (561.7), 65472x2050 1975.1 -> 421.3 (602.4), 10920x12290 936.7 -> 448.7
 // (608.4); add_ln 914.8 -> 431.4 (571.5), 2608.5 -> 442.4 (617.4), 974.9 ->
 // 481.6 (694.4). RESULTS.md 1g.
-template <NormKind K, class T, class P>
+template <NormKind K, Quant Q, class T, class P>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
+  static_assert(Q == Quant::kNone || Q == Quant::kTensor || Q == Quant::kRow, "fwd_unaligned: no per-group FP8");
   constexpr int VEC = 16 / sizeof(T);
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool valid = row < a.shape.rows;
+  // Per-tensor FP8: the scale and amax loaded with x, as in fwd_regs.
+  float tensor_scale = 0.f, amax_seen = 0.f;
+  if (Q == Quant::kTensor && valid && !a.no_output) tensor_scale = a.scale[a.tensor_of(row)];
+  if (Q == Quant::kTensor && valid && a.amax) amax_seen = load_seen(a.amax + a.tensor_of(row));
   const int64_t start = row * H;  // the row's first element
   const auto [head, body, tail] = cut_row<VEC>(start, H);
   const int tid = static_cast<int>(threadIdx.x);
@@ -422,12 +428,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
     }
     if (has_head) add_residual<1, T>(eh, a.residual, a.residual_f32, start + tid);
     if (has_tail) add_residual<1, T>(et, a.residual, a.residual_f32, start + tail_col);
+    void* h = a.no_output ? nullptr : a.h;  // current scaling's measuring pass writes no h
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) store_h_as<VEC, T>(a.h, a.h_f32, start + column(i), v[i]);
+      if (in[i]) store_h_as<VEC, T>(h, a.h_f32, start + column(i), v[i]);
     }
-    if (has_head) store_h_as<1, T>(a.h, a.h_f32, start + tid, eh);
-    if (has_tail) store_h_as<1, T>(a.h, a.h_f32, start + tail_col, et);
+    if (has_head) store_h_as<1, T>(h, a.h_f32, start + tid, eh);
+    if (has_tail) store_h_as<1, T>(h, a.h_f32, start + tail_col, et);
   }
 
   float sum[1] = {held_sum(v, eh[0] + et[0])};
@@ -442,12 +449,14 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   ss[0] += eh[0] * eh[0] + et[0] * et[0];
   row_sum<1>(ss, smem);
   const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
-  if (!valid) return;
+  // With FP8 the rows past the end go on: their threads take part in the
+  // warp's and the CTA's max below.
+  if (Q == Quant::kNone && !valid) return;
+  if (Q == Quant::kTensor && a.scale_inverted && valid && !a.no_output) tensor_scale = 1.f / tensor_scale;
 
   const int64_t poff = a.shape.param_offset(row);
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  T* y = static_cast<T*>(a.y) + start;
   // The packs' parameters in loads of W elements, the widest that the
   // parameters' offset from the packs (the same for every pack of the row)
   // keeps aligned: 4, 2 or 1.
@@ -465,18 +474,52 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
       } else {
         scale_shift_by<1>(v[i], rstd, gamma, beta, col, a.zero_centered);
       }
-      store_pack<VEC>(y + col, v[i]);
     }
   }
-  if (has_head) {
-    scale_shift<1>(eh, 0.f, rstd, gamma, beta, tid, a.zero_centered);  // the mean is already off
-    store_pack<1>(y + tid, eh);
+  // The packs not held, and the head's and tail's elements where absent,
+  // stay zeros (never centred or scaled): they add nothing to the max below.
+  if (has_head) scale_shift<1>(eh, 0.f, rstd, gamma, beta, tid, a.zero_centered);  // the mean is already off
+  if (has_tail) scale_shift<1>(et, 0.f, rstd, gamma, beta, tail_col, a.zero_centered);
+  // y, or q = y * mul: the per-tensor scale, or 1 / the row's scale.
+  auto store = [&](float mul) {
+    if constexpr (Q == Quant::kNone) {
+      T* y = static_cast<T*>(a.y) + start;
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) {
+        if (in[i]) store_pack<VEC>(y + column(i), v[i]);
+      }
+      if (has_head) store_pack<1>(y + tid, eh);
+      if (has_tail) store_pack<1>(y + tail_col, et);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) {
+        if (in[i]) store_q<VEC>(a, start + column(i), v[i], mul);
+      }
+      if (has_head) store_q<1>(a, start + tid, eh, mul);
+      if (has_tail) store_q<1>(a, start + tail_col, et, mul);
+    }
+  };
+  if constexpr (Q == Quant::kNone) {
+    store(1.f);
+  } else {
+    float m = max_abs(max_abs(0.f, eh[0]), et[0]);  // max |y| of this thread's columns
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = max_abs(m, v[i][j]);
+    }
+    if constexpr (Q == Quant::kTensor) {
+      if (!a.no_output) store(tensor_scale);
+      if (a.amax) merge_amax(a, row, m, amax_seen);
+    } else {
+      float mm[1] = {m};
+      row_sum<1>(mm, smem, AbsMaxOp{});
+      const float scale = quant_scale(mm[0], a.fp8, a.scale_ub);
+      store(1.f / scale);
+      if (valid && tid == 0) a.qscale[row] = scale;
+    }
   }
-  if (has_tail) {
-    scale_shift<1>(et, 0.f, rstd, gamma, beta, tail_col, a.zero_centered);
-    store_pack<1>(y + tail_col, et);
-  }
-  if (tid == 0) {
+  if (valid && tid == 0) {
     a.rstd[row] = rstd;
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
   }
@@ -2047,10 +2090,12 @@ inline ffi::Error zero_amax(cudaStream_t stream, const FwdArgs& a) {
   return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, "cudaMemsetAsync(amax)");
 }
 
-// Whether the forward without FP8 takes fwd_unaligned: a width that is not a
-// multiple of a 16-byte pack, x and y (and the residual and h) 16-byte
-// aligned (as XLA allocates them), rows of at most kMaxRowThreads *
-// kRegItems packs, no FP8 input or given statistics.
+// Whether the forward without FP8 or with per-tensor or per-row FP8 takes
+// fwd_unaligned: a width that is not a multiple of a 16-byte pack, x and y
+// or q (and the residual and h) 16-byte aligned (as XLA allocates them),
+// rows of at most kMaxRowThreads * kRegItems packs, no FP8 input or given
+// statistics. (q's packs then lie on VEC-byte boundaries where x's lie on
+// 16-byte ones: the same columns.)
 template <class T>
 bool unaligned_fits(const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
@@ -2059,13 +2104,13 @@ bool unaligned_fits(const FwdArgs& a) {
          ceil_div(a.shape.hidden, kVec) <= kMaxRowThreads * kRegItems;
 }
 
-template <NormKind K, class T, class P>
+template <NormKind K, Quant Q, class T, class P>
 ffi::Error launch_fwd_unaligned(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const int tpr = std::max(kVec, row_threads(ceil_div(a.shape.hidden, kVec), kRegItems));
   dim3 grid, block;
   JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kBlockThreads, &grid, &block));
-  fwd_unaligned<K, T, P><<<grid, block, 0, stream>>>(a);
+  fwd_unaligned<K, Q, T, P><<<grid, block, 0, stream>>>(a);
   return check_launch("fwd_unaligned");
 }
 
@@ -2097,7 +2142,9 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
       return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, true>(stream, a)
                     : launch_fwd_vec<K, Q, T, P, 1, true>(stream, a);
     }
-    if (!vec_ok && unaligned_fits<T>(a)) return launch_fwd_unaligned<K, T, P>(stream, a);
+  }
+  if constexpr (Q != Quant::kGroup) {  // a group size dividing such a width is no multiple of a pack
+    if (!vec_ok && unaligned_fits<T>(a)) return launch_fwd_unaligned<K, Q, T, P>(stream, a);
   }
   return vec_ok ? launch_fwd_vec<K, Q, T, P, kVec, false>(stream, a)
                 : launch_fwd_vec<K, Q, T, P, 1, false>(stream, a);
@@ -2140,7 +2187,9 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
   measure.quant = Quant::kTensor;
   measure.no_output = true;
-  if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8) {
+  // (At widths that are not a multiple of a pack, fwd_unaligned measures:
+  // x_amax would take them an element a load.)
+  if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8 && !unaligned_fits<T>(measure)) {
     JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {
