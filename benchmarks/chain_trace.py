@@ -68,6 +68,20 @@ def _summary(kernels, steps):
     return len(kernels) / steps, span, busy, statistics.median(gaps) / 1e3 if gaps else 0.0
 
 
+def _then_twice(f, mode):
+    """``f`` followed by XLA's 2 * y, its own kernel (y alone where ``f``, in
+    mode "add", also returns h)."""
+    twice = lambda y: (jax.lax.optimization_barrier(y) * 2).astype(y.dtype)
+    if mode == "fwd":
+        return lambda *a: twice(f(*a))
+
+    def step(*a):
+        y, h = f(*a)
+        return twice(y), h
+
+    return step
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -109,11 +123,8 @@ def main():
                 else:
                     fns["addln ours"] = (lambda x, r: jrn.add_layer_norm(x, r, g, b), "add", (x, r))
                     fns["addln xla"] = (lambda x, r: (jnp_layer(x + r, g, b), x + r), "add", (x, r))
-            if args.mix:  # XLA's 2 * y after each step (y alone where the step also returns h)
-                twice = lambda y: (jax.lax.optimization_barrier(y) * 2).astype(y.dtype)
-                fns = {name: ((lambda *a, f=f: twice(f(*a))) if mode == "fwd" else
-                              (lambda *a, f=f: (lambda y, hh: (twice(y), hh))(*f(*a))), mode, a)
-                       for name, (f, mode, a) in fns.items()}
+            if args.mix:
+                fns = {name: (_then_twice(f, mode), mode, fargs) for name, (f, mode, fargs) in fns.items()}
             for name, (fn, mode, fargs) in fns.items():
                 call = chained(fn, args.chain, mode)
                 for _ in range(3):
