@@ -539,12 +539,17 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
 struct RowCut {
   int head, body, tail;
 };
+// In 32-bit arithmetic with no signed remainders (these rows are narrower
+// than 2^31 elements, and only the low bits of `start` count): where
+// registers are short, the compiler recomputes the cut at each of its uses.
 template <int VEC>
 __device__ __forceinline__ RowCut cut_row(int64_t start, int64_t hidden) {
-  const int64_t lead = (VEC - start % VEC) % VEC;
-  const int head = static_cast<int>(lead < hidden ? lead : hidden);
-  const int body = static_cast<int>((hidden - head) / VEC);
-  return {head, body, static_cast<int>(hidden - head) - body * VEC};
+  static_assert((VEC & (VEC - 1)) == 0, "cut_row: VEC is a power of two");
+  const int h = static_cast<int>(hidden);
+  const int lead = static_cast<int>(static_cast<uint32_t>(-start) & (VEC - 1));  // (VEC - start % VEC) % VEC
+  const int head = lead < h ? lead : h;
+  const int body = static_cast<int>(static_cast<uint32_t>(h - head) / VEC);
+  return {head, body, h - head - body * VEC};
 }
 
 // The backward's row sums over a pack of VEC columns, x, dy and the scales
