@@ -80,7 +80,7 @@ def fp8_outputs(h):
         lambda x, r, g: jax.vmap(lambda x: jrn.rms_norm_fp8(x, g, scale=20.0))(x.reshape(2, -1, h))
         if x.shape[0] % 2 == 0 else jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
-        lambda x, r, g: jrn.rms_norm_fp8_current(x, g),  # measured by x_amax (fwd_unaligned at 4097, 127)
+        lambda x, r, g: jrn.rms_norm_fp8_current(x, g),  # measured by x_amax (its rows cut at 16-byte boundaries at 4097, 127)
         lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, transpose=True),  # quantize_tiles where rows % 16 == 0
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g, transpose=True),
         lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g),

@@ -532,6 +532,30 @@ __device__ __forceinline__ void load_scale(const P* gamma, int64_t col, bool zer
   effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) { load_pack<N>(gamma + col, g); }, s);
 }
 
+// The effective scale of N columns whose parameters from `col` are aligned to
+// W elements only (W divides N): in N / W loads of W elements.
+template <int N, int W, class P>
+__device__ __forceinline__ void load_scale_by(const P* gamma, int64_t col, bool zero_centered, float (&s)[N]) {
+  effective_scale<N>(gamma != nullptr, zero_centered, [&](float (&g)[N]) {
+#pragma unroll
+    for (int q = 0; q < N; q += W) {
+      auto& part = *reinterpret_cast<float(*)[W]>(g + q);
+      if constexpr (W * sizeof(P) % 16 == 0) {
+        load_pack<W>(gamma + col + q, part);
+      } else {
+        unpack(*reinterpret_cast<const Pack<P, W>*>(gamma + col + q), part);  // aligned to its size: one load
+      }
+    }
+  }, s);
+}
+
+// The widest loads of parameters at `at` that stay aligned: 4, 2 or 1
+// elements of P (the offset of a row's parameters from its 16-byte packs).
+template <class P>
+__device__ __forceinline__ int param_width(uintptr_t at) {
+  return at % (4 * sizeof(P)) == 0 ? 4 : at % (2 * sizeof(P)) == 0 ? 2 : 1;
+}
+
 // A row of `hidden` elements from element `start` of a 16-byte aligned
 // buffer, cut at its 16-byte boundaries (packs of VEC elements): `head`
 // elements before the first, `body` whole packs, `tail` elements after the

@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   // keeps aligned: 4, 2 or 1.
   const auto params_at = reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr) |
                          reinterpret_cast<uintptr_t>(beta ? beta + head : nullptr);
-  const int width = params_at % (4 * sizeof(P)) == 0 ? 4 : params_at % (2 * sizeof(P)) == 0 ? 2 : 1;
+  const int width = param_width<P>(params_at);
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     if (in[i]) {
@@ -2186,14 +2186,17 @@ __global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float u
 // an x_amax with the shifted sums, then y from a second read of the row, was
 // mixed (ln_fp8_current 1024 347.1 -> 332.0 us, 4096 317.7 -> 370.2, 16384
 // 352.6 -> 382.0, 65536 420.2 -> 417.6): it keeps the per-tensor kernel.
+// At widths that are not a multiple of a pack x_amax cuts each row at its
+// 16-byte boundaries, where fwd_unaligned's per-tensor instance had measured:
+// H100, bf16, Nsight Compute, the measuring pass at 10920x12290 176.4 -> 100.8
+// us (x_amax at 10920x12288: 93.7); rms_fp8_current 450.0 -> 301.3 us
+// (the jnp composition: 358.3), at 32736x4100 400.1 -> 279.9 (RESULTS.md 6zb).
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
   measure.quant = Quant::kTensor;
   measure.no_output = true;
-  // (At widths that are not a multiple of a pack, fwd_unaligned measures:
-  // x_amax would take them an element a load.)
-  if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8 && !unaligned_fits<T>(measure)) {
+  if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8) {
     JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {

@@ -123,24 +123,57 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   }
 }
 
+// acc[0] += sum(x^2) and acc[1] = max(acc[1], |x * scale|) over n packs of N
+// columns of a row from column `first`, the row's threads taking every
+// blockDim.x-th pack; gamma in loads of W elements (load_scale_by).
+template <int N, int W, class T, class P>
+__device__ __forceinline__ void add_sq_max_packs(float (&acc)[2], const T* x, const P* gamma, int64_t first,
+                                                 int64_t n, bool zero_centered) {
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
+    const int64_t c = first + p * N;
+    float v[N], s[N];
+    load_pack<N>(x + c, v);
+    load_scale_by<N, W>(gamma, c, zero_centered, s);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      acc[0] += v[j] * v[j];
+      acc[1] = max_abs(acc[1], v[j] * s[j]);
+    }
+  }
+}
+
 // Current scaling's measuring pass for RMSNorm without a residual: max |y|
 // of each row, y = x * rstd * scale, merged into amax of the row's tensor
 // (zeroed before), and rstd. rstd > 0 is common to the row, so max |y| =
 // rstd * max |x * scale|, and one reduction a row takes both sums; x only
 // read, on the x statistics' launch shape (below). Measured with the
 // quantizing pass after it: see launch_fwd_current in norm_fwd.cu.
-template <class T, class P, int VEC>
+// CUT: rows whose width is not a multiple of a pack (x's buffer 16-byte
+// aligned), each cut at its 16-byte boundaries (cut_row) and read in packs
+// of VEC but for the head's and tail's elements; gamma in the widest loads
+// its offset from the packs allows, as fwd_unaligned loads it.
+template <class T, class P, int VEC, bool CUT = false>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
-  const int64_t H = a.shape.hidden, nvec = H / VEC;
+  const int64_t H = a.shape.hidden;
   const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
   const P* gamma = row_gamma<P>(a, row, valid);
+  const bool zc = a.zero_centered;
   float acc[2] = {};  // sum(x^2), max |x * scale|
-  for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x) {
-    float v[VEC];
-    load_pack<VEC>(x + p * VEC, v);
-    add_sq_scaled_max<VEC>(acc, v, gamma, p * VEC, a.zero_centered);
+  if (valid && !CUT) add_sq_max_packs<VEC, VEC>(acc, x, gamma, 0, H / VEC, zc);
+  if constexpr (CUT) {
+    const auto [head, body, tail] = valid ? cut_row<VEC>(row * H, H) : RowCut{0, 0, 0};
+    const int width = param_width<P>(reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr));
+    if (width == 4) {
+      add_sq_max_packs<VEC, 4>(acc, x, gamma, head, body, zc);
+    } else if (width == 2) {
+      add_sq_max_packs<VEC, 2>(acc, x, gamma, head, body, zc);
+    } else {
+      add_sq_max_packs<VEC, 1>(acc, x, gamma, head, body, zc);
+    }
+    add_sq_max_packs<1, 1>(acc, x, gamma, 0, head, zc);
+    add_sq_max_packs<1, 1>(acc, x, gamma, head + static_cast<int64_t>(body) * VEC, tail, zc);
   }
   row_sum<2, SumAbsMaxOp, true>(acc, smem);
   if (valid && threadIdx.x == 0) {
@@ -217,11 +250,14 @@ ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
   } else {
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma));
+    const bool cut = !vec && aligned16(a.x);  // rows cut at their 16-byte boundaries
     dim3 grid, block;
-    const int64_t nvec = a.shape.hidden / (vec ? kVec : 1);
+    const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
     JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(nvec, a.shape.rows), kThreads, &grid, &block));
     if (vec) {
       x_amax<T, P, kVec><<<grid, block, 0, stream>>>(a);
+    } else if (cut) {
+      x_amax<T, P, kVec, true><<<grid, block, 0, stream>>>(a);
     } else {
       x_amax<T, P, 1><<<grid, block, 0, stream>>>(a);
     }
