@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
   auto [head, body, tail] = cut_row<VEC>(start, H);
   // An empty asm that the compiler cannot see through: the cut stays in three
   // registers rather than being worked out again at its uses (with the 32-bit
-  // cut alone, RMSNorm's per-row FP8 was 5-6% slower; RESULTS.md 6za).
+  // cut alone, RMSNorm's per-row FP8 was 5-6% slower; RESULTS.md 6zb).
   asm("" : "+r"(head), "+r"(body), "+r"(tail));
   const int tid = static_cast<int>(threadIdx.x);
   auto pack = [&](int i) { return tid + i * static_cast<int>(blockDim.x); };  // the row's pack that item i holds
