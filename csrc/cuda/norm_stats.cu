@@ -161,19 +161,22 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   const P* gamma = row_gamma<P>(a, row, valid);
   const bool zc = a.zero_centered;
   float acc[2] = {};  // sum(x^2), max |x * scale|
-  if (valid && !CUT) add_sq_max_packs<VEC, VEC>(acc, x, gamma, 0, H / VEC, zc);
-  if constexpr (CUT) {
-    const auto [head, body, tail] = valid ? cut_row<VEC>(row * H, H) : RowCut{0, 0, 0};
-    const int width = param_width<P>(reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr));
-    if (width == 4) {
-      add_sq_max_packs<VEC, 4>(acc, x, gamma, head, body, zc);
-    } else if (width == 2) {
-      add_sq_max_packs<VEC, 2>(acc, x, gamma, head, body, zc);
+  if (valid) {
+    if constexpr (CUT) {
+      const auto [head, body, tail] = cut_row<VEC>(row * H, H);
+      const int width = param_width<P>(reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr));
+      if (width == 4) {
+        add_sq_max_packs<VEC, 4>(acc, x, gamma, head, body, zc);
+      } else if (width == 2) {
+        add_sq_max_packs<VEC, 2>(acc, x, gamma, head, body, zc);
+      } else {
+        add_sq_max_packs<VEC, 1>(acc, x, gamma, head, body, zc);
+      }
+      add_sq_max_packs<1, 1>(acc, x, gamma, 0, head, zc);
+      add_sq_max_packs<1, 1>(acc, x, gamma, head + static_cast<int64_t>(body) * VEC, tail, zc);
     } else {
-      add_sq_max_packs<VEC, 1>(acc, x, gamma, head, body, zc);
+      add_sq_max_packs<VEC, VEC>(acc, x, gamma, 0, H / VEC, zc);
     }
-    add_sq_max_packs<1, 1>(acc, x, gamma, 0, head, zc);
-    add_sq_max_packs<1, 1>(acc, x, gamma, head + static_cast<int64_t>(body) * VEC, tail, zc);
   }
   row_sum<2, SumAbsMaxOp, true>(acc, smem);
   if (valid && threadIdx.x == 0) {
