@@ -20,8 +20,11 @@ import jax_rmsnorm as jrn
 # (rows, hidden): register kernels (aligned and not), streaming kernels (aligned
 # and not), more rows than dgamma slots; rows of every offset from a 16-byte
 # boundary (300x4097: fwd_unaligned, for the plain forward and per-tensor and
-# per-row FP8, one CTA a row; 5x127: several rows a CTA).
-SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097)]
+# per-row FP8, one CTA a row; 5x127: several rows a CTA). 203x136: current
+# scaling's q_t from the byte-wise transpose, its 64 x 64 tiles cut in both
+# directions (203 rows: no multiple of 4).
+SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097),
+          (203, 136)]
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma
@@ -81,7 +84,7 @@ def fp8_outputs(h):
         if x.shape[0] % 2 == 0 else jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g),  # measured by x_amax (its rows cut at 16-byte boundaries at 4097, 127)
-        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, transpose=True),  # quantize_tiles where rows % 16 == 0
+        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, transpose=True),  # quantize_tiles where rows % 4 == 0 (4x4096, 5000x64: 4- and 8-byte stores of q_t)
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g, transpose=True),
         lambda x, r, g: jrn.rms_norm_fp8_rowwise(x, g),
         lambda x, r, g: jrn.layer_norm_fp8_rowwise(x, g, g),  # its row max pushed after the sums

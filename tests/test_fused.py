@@ -934,13 +934,20 @@ def test_fp8_transpose_grad_is_straight_through(platform):
         np.testing.assert_array_equal(f64(a), f64(b))
 
 
-# The transposed copy of current scaling. On the GPU, hidden and rows (of each
-# tensor) multiples of 16 without a residual take quantize_tiles, which writes q
-# and q_t together in 128 x 128-byte tiles (whole ones, partial ones on either
-# side); with a residual the tiled transpose of q, and other shapes the
-# byte-wise one. Under vmap each tensor has its own scale and q_t.
+# The transposed copy of current scaling. On the GPU, hidden a multiple of 16
+# and rows (of each tensor) of 4 without a residual take quantize_tiles, which
+# writes q and q_t together in 128 x 128-byte tiles (whole ones, partial ones
+# on either side); with a residual the tiled transpose of q, and other shapes
+# the byte-wise one. Rows that are a multiple of 16, 8 or only 4 write q_t's
+# rows in 16-, 8- or 4-byte stores: 24 x 2064 and 1096 x 144 take 8 bytes,
+# 4 x 48, 3 x 4 x 400 and 1092 x 256 take 4, and each ends within a block of
+# 16 rows. The byte-wise transpose's 64 x 64 tiles end part-way in both
+# directions at 260 x 130, 33 x 4097 and 203 x 136 (203 rows: no multiple of 4).
+# Under vmap each tensor has its own scale and q_t.
 @pytest.mark.parametrize("shape", [(16, 16), (128, 128), (272, 48), (3, 48, 400), (1040, 4096), (256, 16),
-                                   (16, 2064), (7, 5), (1, 16), (16, 1), (260, 130), (33, 4097)], ids=sid)
+                                   (16, 2064), (7, 5), (1, 16), (16, 1), (260, 130), (33, 4097),
+                                   (24, 2064), (1096, 144), (4, 48), (3, 4, 400), (1092, 256), (203, 136)],
+                         ids=sid)
 @pytest.mark.parametrize("residual", [False, True], ids=["x", "residual"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_current_transpose(kind, residual, shape, platform):

@@ -3,8 +3,8 @@
 // quantize_tiles, current scaling's quantizing pass, which writes q and q_t
 // together through transpose16's tiles (below).
 //
-// transpose16: rows and columns multiples of 16 (the shapes of LLM
-// activations). A CTA moves a tile of 128 x 128 bytes: 16-byte loads of the
+// transpose16: columns a multiple of 16 and rows of 4 (the shapes of LLM
+// activations: a hidden size in sixteens, tokens in fours). A CTA moves a tile of 128 x 128 bytes: 16-byte loads of the
 // input's rows into shared memory, then each thread reads a 16 x 4 block of
 // 32-bit words (16 input rows, 4 columns), turns it into 4 x 16 with byte
 // permutes (8 PRMT per 4 x 4 block) and writes four 16-byte pieces of output
@@ -13,7 +13,7 @@
 // those 8 lanes, reading 8 different 16-row blocks of one column, hit
 // different banks.
 //
-// transpose1: any other shape, a byte at a time through a 32 x 33 tile.
+// transpose1: any other shape, a byte at a time through a 64 x 64 tile.
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -40,13 +40,19 @@ using Tile = uint4[kVT][kWords / 4];
 __device__ __forceinline__ uint4& tile_piece(Tile& tile, int r, int piece) { return tile[r][piece ^ ((r >> 4) & 7)]; }
 
 // The tile (rows r0.., columns c0.. of a rows x cols byte matrix) written
-// transposed to `out` (cols x rows), by thread t of kVThreads.
+// transposed to `out` (cols x rows), by thread t of kVThreads. cols is a
+// multiple of 16 and rows of 4 S: each output row starts on a 4 S-byte
+// boundary (S = 4, 2 or 1: rows % 16, 8 or 4 == 0), and the 16 bytes a
+// thread writes there go in 4 / S stores, up to the matrix's end (the last
+// 16-row block may be cut there, after a multiple of 4 S rows).
+template <int S>
 __device__ __forceinline__ void store_transposed(const Tile& tile, uint8_t* out, int64_t rows, int64_t cols,
                                                  int64_t r0, int64_t c0, int t) {
+  static_assert(S == 4 || S == 2 || S == 1, "store_transposed: 1, 2 or 4 words a store");
   // Word column w (columns 4w..4w+3 of the tile), rows 16 rb..16 rb + 15.
   const int rb = t & 7, w = (t >> 5) * 4 + ((t >> 3) & 3);
   const int64_t gc = c0 + 4 * w, gr = r0 + 16 * rb;
-  if (gc >= cols || gr >= rows) return;  // both multiples of 16: a block is all in or all out
+  if (gc >= cols || gr >= rows) return;  // a multiple of 16 columns: a word column is all in or all out
   const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
   uint32_t x[16];
 #pragma unroll
@@ -63,9 +69,22 @@ __device__ __forceinline__ void store_transposed(const Tile& tile, uint8_t* out,
     for (int b = 0; b < 4; ++b) o[b][k] = p[b];
   }
 #pragma unroll
-  for (int b = 0; b < 4; ++b) store_words<4>(out + (gc + b) * rows + gr, o[b]);
+  for (int b = 0; b < 4; ++b) {
+#pragma unroll
+    for (int k = 0; k < 4; k += S) {
+      if (S == 4 || gr + 4 * k < rows)
+        store_words<S>(out + (gc + b) * rows + gr + 4 * k, *reinterpret_cast<const uint32_t(*)[S]>(&o[b][k]));
+    }
+  }
 }
 
+// Words a store of the transposed rows: 4, 2 or 1 (rows % 16, 8 or 4 == 0),
+// or 0 where rows is no multiple of 4.
+inline int transposed_store_words(int64_t rows) {
+  return rows % 16 == 0 ? 4 : rows % 8 == 0 ? 2 : rows % 4 == 0 ? 1 : 0;
+}
+
+template <int S>
 __global__ void __launch_bounds__(kVThreads) transpose16(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
   __shared__ Tile tile;
   const int64_t off = static_cast<int64_t>(blockIdx.z) * rows * cols;
@@ -79,20 +98,21 @@ __global__ void __launch_bounds__(kVThreads) transpose16(const uint8_t* in, uint
       if (gr < rows && gc < cols) tile_piece(tile, r, piece) = *reinterpret_cast<const uint4*>(in + off + gr * cols + gc);
     }
     __syncthreads();
-    store_transposed(tile, out + off, rows, cols, r0, c0, t);
+    store_transposed<S>(tile, out + off, rows, cols, r0, c0, t);
     __syncthreads();  // the tile is rewritten next
   }
 }
 
 // Current scaling's quantizing pass on the statistics its measuring pass
 // wrote (a.mean, a.rstd) and scale_inv in a.amax: q = saturate(y /
-// scale_inv[t]) row-major into a.y and, with TR, through the tile
+// scale_inv[t]) row-major into a.y and, with TR > 0, through the tile
 // transposed into a.qt, for each tensor t (blockIdx.z) of rows_per_tensor()
 // rows. x is read once and q's bytes are not read back, as they are when the
 // transpose runs after the quantizing pass. Thread t holds 16 columns of the
-// tile (piece t % 8) in 4 of its rows, loaded together; hidden (and with TR
-// the rows of a tensor) are multiples of 16.
-template <NormKind K, class T, class P, bool TR>
+// tile (piece t % 8) in 4 of its rows, loaded together; hidden is a multiple
+// of 16. TR: no q_t (0), or store_transposed's words a store (the rows of a
+// tensor a multiple of 4 TR).
+template <NormKind K, class T, class P, int TR>
 __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_tiles(FwdArgs a) {
   __shared__ Tile tile;
   // The tile's columns' scale (gamma, 1 + gamma or 1) and shift (beta or 0),
@@ -153,7 +173,7 @@ __global__ void __launch_bounds__(kVThreads, sizeof(T) == 2 ? 3 : 2) quantize_ti
     }
     if constexpr (TR) {
       __syncthreads();
-      store_transposed(tile, static_cast<uint8_t*>(a.qt) + base, rows, H, r0, c0, t);
+      store_transposed<TR>(tile, static_cast<uint8_t*>(a.qt) + base, rows, H, r0, c0, t);
       __syncthreads();  // the tile is rewritten next
     }
   }
@@ -168,23 +188,39 @@ inline ffi::Error tile_grid(int64_t batch, int64_t rows, int64_t cols, int tile,
   return ffi::Error::Success();
 }
 
-constexpr int kTile = 32, kTileRows = 8;
+// transpose1's tile: 64 x 64 bytes, moved by 32 x 8 threads, 16 bytes each
+// way. The bytes a thread loads are all in flight before any is stored: a
+// byte at a time, it takes that many for the loads to keep HBM busy. The
+// tile's rows are padded to 17 words, so that the 32 lanes reading down one
+// of its columns read 32 different banks.
+constexpr int kTile = 64, kTileRows = 8, kTilePitch = kTile + 4;
+constexpr int kTileEach = kTile / kTileRows * (kTile / 32);
 
-__global__ void __launch_bounds__(kTile* kTileRows)
+__global__ void __launch_bounds__(32 * kTileRows, 5)
     transpose1(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
-  __shared__ uint8_t tile[kTile][kTile + 1];
+  __shared__ uint8_t tile[kTile][kTilePitch];
   const int64_t off = static_cast<int64_t>(blockIdx.z) * rows * cols;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
+  const int cn = static_cast<int>(std::min<int64_t>(kTile, cols - c0));  // the tile's columns in the matrix
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows;
        r0 += static_cast<int64_t>(gridDim.y) * kTile) {
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[i][threadIdx.x] = in[off + r * cols + c];
+    const int rn = static_cast<int>(std::min<int64_t>(kTile, rows - r0));  // and its rows
+    const uint8_t* src = in + off + r0 * cols + c0;
+    uint8_t v[kTileEach];
+#pragma unroll
+    for (int i = 0; i < kTileEach; ++i) {  // row ty + 8 (i / 2), column tx + 32 (i % 2)
+      const int r = ty + kTileRows * (i / 2), c = tx + 32 * (i % 2);
+      if (r < rn && c < cn) v[i] = src[static_cast<int64_t>(r) * cols + c];
     }
+#pragma unroll
+    for (int i = 0; i < kTileEach; ++i) tile[ty + kTileRows * (i / 2)][tx + 32 * (i % 2)] = v[i];
     __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) out[off + c * rows + r] = tile[threadIdx.x][i];
+    uint8_t* dst = out + off + c0 * rows + r0;
+#pragma unroll
+    for (int i = 0; i < kTileEach; ++i) {  // output row (the input's column) ty + 8 (i / 2), byte tx + 32 (i % 2)
+      const int c = ty + kTileRows * (i / 2), r = tx + 32 * (i % 2);
+      if (r < rn && c < cn) dst[static_cast<int64_t>(c) * rows + r] = tile[r][c];
     }
     __syncthreads();  // the tile is rewritten next
   }
@@ -196,20 +232,27 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
                              int64_t cols) {
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  const bool vec = rows % 16 == 0 && cols % 16 == 0 && aligned16(in) && aligned16(out);
+  const int words = transposed_store_words(rows);
+  const bool vec = words > 0 && cols % 16 == 0 && aligned16(in) && aligned16(out);
   dim3 grid;
   JRN_RETURN_IF_ERROR(tile_grid(batch, rows, cols, vec ? kVT : kTile, &grid));
   if (vec) {
-    transpose16<<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
+    if (words == 4) {
+      transpose16<4><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
+    } else if (words == 2) {
+      transpose16<2><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
+    } else {
+      transpose16<1><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
+    }
     return check_launch("transpose16");
   }
-  transpose1<<<grid, dim3(kTile, kTileRows), 0, stream>>>(src, dst, rows, cols);
+  transpose1<<<grid, dim3(32, kTileRows), 0, stream>>>(src, dst, rows, cols);
   return check_launch("transpose1");
 }
 
 bool quantize_tiles_fit(const FwdArgs& a) {
   const bool params_aligned = (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
-  const bool qt_fits = !a.qt || (a.rows_per_tensor() % 16 == 0 && aligned16(a.qt));
+  const bool qt_fits = !a.qt || (transposed_store_words(a.rows_per_tensor()) > 0 && aligned16(a.qt));
   return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && aligned16(a.x) &&
          aligned16(a.y) && params_aligned && qt_fits;
 }
@@ -218,10 +261,15 @@ template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a) {
   dim3 grid;
   JRN_RETURN_IF_ERROR(tile_grid(a.tensors, a.rows_per_tensor(), a.shape.hidden, kVT, &grid));
-  if (a.qt) {
-    quantize_tiles<K, T, P, true><<<grid, kVThreads, 0, stream>>>(a);
+  const int words = transposed_store_words(a.rows_per_tensor());
+  if (a.qt && words == 4) {
+    quantize_tiles<K, T, P, 4><<<grid, kVThreads, 0, stream>>>(a);
+  } else if (a.qt && words == 2) {
+    quantize_tiles<K, T, P, 2><<<grid, kVThreads, 0, stream>>>(a);
+  } else if (a.qt) {
+    quantize_tiles<K, T, P, 1><<<grid, kVThreads, 0, stream>>>(a);
   } else if constexpr (K == NormKind::kRms) {
-    quantize_tiles<K, T, P, false><<<grid, kVThreads, 0, stream>>>(a);
+    quantize_tiles<K, T, P, 0><<<grid, kVThreads, 0, stream>>>(a);
   } else {
     return ffi::Error::Internal("jax_rmsnorm: quantize_tiles without q_t takes RMSNorm only");
   }
