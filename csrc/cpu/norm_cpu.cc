@@ -36,9 +36,16 @@ inline float bits_float(uint32_t u) {
   std::memcpy(&v, &u, 4);
   return v;
 }
+// c ? a : b by masks, for the conversions below: GCC turns a conditional
+// whose arm holds a floating-point operation (one that could trap) into a
+// branch, and a loop with a branch does not vectorize.
+inline uint32_t pick(bool c, uint32_t a, uint32_t b) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (a & m) | (b & ~m);
+}
 
 // 16-bit float storage types with round-to-nearest-even conversions. The
-// conversions have no branches (masks pick among the cases), so that the
+// conversions have no branches (`pick` chooses among the cases), so that the
 // loops over a row vectorize; every input gives the bits the branching
 // versions they replaced gave (checked over all inputs). No floating-point
 // operation takes a float32 subnormal that matters: those would read as zero
@@ -60,10 +67,8 @@ inline float to_float(f16_t v) {
   const uint32_t sign = (v.bits & 0x8000u) << 16, mag = (v.bits & 0x7fffu) << 13;
   const uint32_t normal = mag + (112u << 23);
   const uint32_t subnormal = float_bits(static_cast<float>(v.bits & 0x3ffu) * 0x1p-24f);
-  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(mag < (1u << 23));
-  const uint32_t is_special = 0u - static_cast<uint32_t>(mag >= (0x1fu << 23));
-  const uint32_t finite = (subnormal & is_subnormal) | (normal & ~is_subnormal);
-  return bits_float(sign | ((0x7f800000u | mag) & is_special) | (finite & ~is_special));
+  const uint32_t finite = pick(mag < (1u << 23), subnormal, normal);
+  return bits_float(sign | pick(mag >= (0x1fu << 23), 0x7f800000u | mag, finite));
 }
 
 template <class T> T from_float(float f);
@@ -84,12 +89,8 @@ template <> inline f16_t from_float<f16_t>(float f) {
   // even). At or above 65520 infinity; NaN stays NaN.
   const uint32_t normal = ((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - (112u << 10);
   const uint32_t subnormal = float_bits(bits_float(a) * 0x1p24f + 0x1p23f) - float_bits(0x1p23f);
-  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(a < 0x38800000u);
-  const uint32_t is_inf = 0u - static_cast<uint32_t>(a >= 0x477ff000u);
-  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7f800000u);
-  uint32_t code = (subnormal & is_subnormal) | (normal & ~is_subnormal);
-  code = (0x7c00u & is_inf) | (code & ~is_inf);
-  code = (0x7e00u & is_nan) | (code & ~is_nan);
+  const uint32_t finite = pick(a >= 0x477ff000u, 0x7c00u, pick(a < 0x38800000u, subnormal, normal));
+  const uint32_t code = pick(a > 0x7f800000u, 0x7e00u, finite);
   return f16_t{static_cast<uint16_t>(sign | code)};
 }
 
@@ -114,12 +115,9 @@ inline uint8_t to_fp8(float v) {
   const uint32_t normal =
       ((a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits);
   const uint32_t subnormal = float_bits(bits_float(a) * subnormal_steps + 0x1p23f) - float_bits(0x1p23f);
-  // Masks, not conditionals: GCC keeps a conditional floating-point operation
-  // (one that could trap) as a branch, and the loop would not vectorize.
-  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(a < min_normal_bits);
-  const uint32_t is_nan = 0u - static_cast<uint32_t>(abs_bits > 0x7f800000u);
-  const uint32_t finite = (subnormal & is_subnormal) | (normal & ~is_subnormal);
-  return static_cast<uint8_t>(sign | (((e4m3 ? 0x7fu : 0x7eu) & is_nan) | (finite & ~is_nan)));
+  const uint32_t finite = pick(a < min_normal_bits, subnormal, normal);
+  const uint32_t code = pick(abs_bits > 0x7f800000u, e4m3 ? 0x7fu : 0x7eu, finite);
+  return static_cast<uint8_t>(sign | code);
 }
 
 // q[i] = to_fp8(v[i] * mul) for i in [0, n).
