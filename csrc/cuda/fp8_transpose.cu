@@ -4,8 +4,9 @@
 // together through transpose16's tiles (below).
 //
 // transpose16: columns a multiple of 16 and rows of 4 (the shapes of LLM
-// activations: a hidden size in sixteens, tokens in fours). A CTA moves a tile of 128 x 128 bytes: 16-byte loads of the
-// input's rows into shared memory, then each thread reads a 16 x 4 block of
+// activations: a hidden size in sixteens, tokens in fours). A CTA moves a
+// tile of 128 x 128 bytes: 16-byte loads of the input's rows into shared
+// memory, then each thread reads a 16 x 4 block of
 // 32-bit words (16 input rows, 4 columns), turns it into 4 x 16 with byte
 // permutes (8 PRMT per 4 x 4 block) and writes four 16-byte pieces of output
 // rows; the 8 lanes that share output rows write a whole 128-byte line. The
