@@ -54,12 +54,7 @@ struct bf16_t { uint16_t bits; };
 struct f16_t { uint16_t bits; };
 
 inline float to_float(float v) { return v; }
-inline float to_float(bf16_t v) {
-  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float to_float(bf16_t v) { return bits_float(static_cast<uint32_t>(v.bits) << 16); }
 inline float to_float(f16_t v) {
   // The exponent and mantissa moved to a float32's places: a normal value
   // needs its exponent rebiased (+112), a subnormal one is its mantissa times
@@ -74,8 +69,7 @@ inline float to_float(f16_t v) {
 template <class T> T from_float(float f);
 template <> inline float from_float<float>(float f) { return f; }
 template <> inline bf16_t from_float<bf16_t>(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = float_bits(f);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // ties to even
   const uint32_t quiet_nan = (u >> 16) | 0x40u;
   // A select, not a branch: the loops that store rows vectorize.
@@ -107,11 +101,10 @@ template <Fp8 F>
 inline uint8_t to_fp8(float v) {
   constexpr bool e4m3 = F == Fp8::kE4M3;
   constexpr int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, shift = 23 - man_bits;
-  constexpr uint32_t max_bits = e4m3 ? 0x43e00000u : 0x47600000u;  // 448, 57344
   constexpr uint32_t min_normal_bits = static_cast<uint32_t>(127 - bias + 1) << 23;
   constexpr float subnormal_steps = e4m3 ? 0x1p9f : 0x1p16f;  // 1 / the smallest subnormal
   const uint32_t u = float_bits(v), sign = (u >> 24) & 0x80u, abs_bits = u & 0x7fffffffu;
-  const uint32_t a = std::min(abs_bits, max_bits);
+  const uint32_t a = std::min(abs_bits, float_bits(fp8_max(F)));
   const uint32_t normal =
       ((a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits);
   const uint32_t subnormal = float_bits(bits_float(a) * subnormal_steps + 0x1p23f) - float_bits(0x1p23f);
