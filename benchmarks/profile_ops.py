@@ -47,6 +47,7 @@ def ops(x, g, b, dy):
         "rms_fp8_current": lambda: jrn.rms_norm_fp8_current(x, g),  # measuring pass, scale, quantizing pass
         "rms_fp8_current_t": lambda: jrn.rms_norm_fp8_current(x, g, transpose=True),  # and q_t
         "ln_fp8_current": lambda: jrn.layer_norm_fp8_current(x, g, b),
+        "ln_fp8_current_t": lambda: jrn.layer_norm_fp8_current(x, g, b, transpose=True),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
         "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
         "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32

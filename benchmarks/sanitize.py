@@ -75,14 +75,15 @@ def wide_rows(h):
 def fp8_outputs(h):
     """FP8 outputs without a residual (fwd_slices: per tensor from 256 packs a
     row, all of them for rows wider than one CTA): per tensor (also two
-    tensors under vmap), current (LayerNorm; RMSNorm, whose measuring pass is
-    x_amax; both with the transposed copy), per row, per group (RMSNorm's
+    tensors under vmap), current (RMSNorm, whose measuring pass is x_amax;
+    LayerNorm, measured by x_amax at widths that are not a multiple of a
+    pack; both with the transposed copy), per row, per group (RMSNorm's
     in fwd_slices from rows of one whole CTA: 16384 in bf16)."""
     calls = [
         lambda x, r, g: jrn.rms_norm_fp8(x, g, scale=20.0),
         lambda x, r, g: jax.vmap(lambda x: jrn.rms_norm_fp8(x, g, scale=20.0))(x.reshape(2, -1, h))
         if x.shape[0] % 2 == 0 else jrn.rms_norm_fp8(x, g, scale=20.0),
-        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
+        lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),  # measured by x_amax at 4097, 127 (rows cut)
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g),  # measured by x_amax (its rows cut at 16-byte boundaries at 4097, 127)
         lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g, transpose=True),  # quantize_tiles where rows % 4 == 0 (4x4096, 5000x64: 4- and 8-byte stores of q_t)
         lambda x, r, g: jrn.rms_norm_fp8_current(x, g, transpose=True),

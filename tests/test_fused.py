@@ -478,6 +478,26 @@ def test_fp8_unaligned(kind, dtype, quant, shape, platform):
     _check_fp8_outputs(kind, quant, h_ref, gamma, beta, (q, qs), E4M3, what + " residual", scale=scale, zc=zc)
 
 
+# Current scaling at widths that are not a multiple of a pack, under vmap:
+# three tensors of different magnitudes, each its own scale, measured (on a
+# GPU) by x_amax with the rows cut, whose rows of one CTA's block may belong
+# to two tensors (5 rows a tensor).
+@pytest.mark.parametrize("hidden", [127, 4100, 12290])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_current_unaligned_vmapped(kind, hidden, platform):
+    key = case_key(("fp8uv", kind, hidden))
+    xs = random(key, (3, 5, hidden), jnp.bfloat16, scale=2.0, offset=0.5) * jnp.array([0.5, 4.0, 1.0])[:, None, None]
+    xs = xs.astype(jnp.bfloat16)
+    gamma, beta = _params(kind, hidden, jnp.bfloat16, key)
+    f = _fp8_fn(kind, "current", out_dtype=E4M3)
+    g_, b_ = put(platform, gamma, beta)
+    poison(platform, 8 * xs.size + 1024)
+    got = jax.jit(jax.vmap(lambda x: f(x, g_, b_)))(put(platform, xs)[0])
+    for i in range(3):
+        _check_fp8_outputs(kind, "current", np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
+                           f"{kind} {hidden} vmapped tensor {i}")
+
+
 # More rows than the GPU's persistent slots: the FP8 forward walks several
 # rows per slot through every stage of its shared-memory ring, and under vmap
 # a slot's rows cross from one tensor (one amax) to the next. At 1024,

@@ -23,6 +23,22 @@
 
 namespace jrn::cuda {
 
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+// f(Int<K>{}) for the first K of the list equal to n, else for the last: a
+// value known at run time among a few, each its own instance of f (a
+// template's parameter, a kernel's), e.g. with_constant<4, 2, 1>(width, f).
+template <int K, int... Ks, class F>
+__host__ __device__ __forceinline__ decltype(auto) with_constant(int n, F&& f) {
+  if constexpr (sizeof...(Ks) == 0) {
+    return f(Int<K>{});
+  } else {
+    if (n == K) return f(Int<K>{});
+    return with_constant<Ks...>(n, f);
+  }
+}
+
 // ---- Error checking: every CUDA call and launch is turned into an ffi::Error.
 
 inline ffi::Error cuda_error(cudaError_t err, const char* what) {
@@ -313,6 +329,20 @@ __device__ __forceinline__ void store_fp8(uint8_t* p, const float (&f)[N], Fp8 f
 #pragma unroll
     for (int i = 0; i < N; ++i) p[i] = __nv_cvt_float_to_fp8(f[i], __NV_SATFINITE, kind);
   }
+}
+
+// The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
+// (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
+template <int VEC>
+__device__ __forceinline__ void store_q(uint8_t* dst, Fp8 fmt, float (&y)[VEC], float mul) {
+  float q[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) q[j] = y[j] * mul;
+  store_fp8<VEC>(dst, q, fmt);
+}
+template <int VEC>
+__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
+  store_q<VEC>(static_cast<uint8_t*>(a.y) + idx, a.fp8, y, mul);
 }
 
 // Loads N FP8 codes as floats, exactly (NaN kept), with one access when N is a
@@ -645,6 +675,25 @@ __device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, flo
   }
 }
 
+// scale_shift of a pack of VEC centred elements whose parameters from `col`
+// are aligned to W elements, not to the pack: in loads of W elements.
+template <int W, int VEC, class P>
+__device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, const P* gamma, const P* beta, int col,
+                                               bool zero_centered) {
+#pragma unroll
+  for (int q = 0; q < VEC; q += W) {
+    Pack<P, W> g, b;  // aligned to their size: one load each
+    if (gamma) g = *reinterpret_cast<const Pack<P, W>*>(gamma + col + q);
+    if (beta) b = *reinterpret_cast<const Pack<P, W>*>(beta + col + q);
+    float part[W];
+#pragma unroll
+    for (int j = 0; j < W; ++j) part[j] = v[q + j];
+    scale_shift_packs<W>(part, 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, zero_centered);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[q + j] = part[j];
+  }
+}
+
 // RMSNorm's output where gamma is given and the scale is not zero-centred:
 // v = v * rstd * g.
 template <int N>
@@ -698,13 +747,18 @@ __device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&
 }
 
 // RMSNorm's sum of squares of N columns from `col`, acc[0] += sum(v^2), and
-// their v * scale (scale as load_scale) in `scaled`, for a caller that keeps
-// it (y = rstd * scaled). Other values of acc are left alone.
-template <int N, int M, class P>
+// their v * scale (scale as load_scale; W < N: parameters aligned to W
+// elements only, load_scale_by) in `scaled`, for a caller that keeps it (y =
+// rstd * scaled). Other values of acc are left alone.
+template <int N, int W = N, int M, class P>
 __device__ __forceinline__ void add_sq_scaled(float (&acc)[M], const float (&v)[N], const P* gamma, int64_t col,
                                               bool zero_centered, float (&scaled)[N]) {
   float s[N];
-  load_scale<N>(gamma, col, zero_centered, s);
+  if constexpr (W == N) {
+    load_scale<N>(gamma, col, zero_centered, s);
+  } else {
+    load_scale_by<N, W>(gamma, col, zero_centered, s);
+  }
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     acc[0] += v[j] * v[j];
@@ -714,21 +768,21 @@ __device__ __forceinline__ void add_sq_scaled(float (&acc)[M], const float (&v)[
 
 // RMSNorm's row sums where the row's FP8 scale or amax is found with them:
 // acc[0] += sum(v^2), acc[1] = max(acc[1], |v * scale|) for the N columns
-// from `col` (scale as load_scale). rstd > 0 is common to the row, so max |y|
-// = rstd * acc[1] once both are reduced (SumAbsMaxOp). `scaled` receives
+// from `col` (scale as add_sq_scaled). rstd > 0 is common to the row, so max
+// |y| = rstd * acc[1] once both are reduced (SumAbsMaxOp). `scaled` receives
 // v * scale, for a caller that keeps it (y = rstd * scaled).
-template <int N, class P>
+template <int N, int W = N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered, float (&scaled)[N]) {
-  add_sq_scaled<N>(acc, v, gamma, col, zero_centered, scaled);
+  add_sq_scaled<N, W>(acc, v, gamma, col, zero_centered, scaled);
 #pragma unroll
   for (int j = 0; j < N; ++j) acc[1] = max_abs(acc[1], scaled[j]);
 }
-template <int N, class P>
+template <int N, int W = N, class P>
 __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered) {
   float scaled[N];
-  add_sq_scaled_max<N>(acc, v, gamma, col, zero_centered, scaled);
+  add_sq_scaled_max<N, W>(acc, v, gamma, col, zero_centered, scaled);
 }
 
 // LayerNorm's mean and m2 = sum((v - mean)^2) from the whole row's

@@ -238,13 +238,9 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
   dim3 grid;
   JRN_RETURN_IF_ERROR(tile_grid(batch, rows, cols, vec ? kVT : kTile, &grid));
   if (vec) {
-    if (words == 4) {
-      transpose16<4><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
-    } else if (words == 2) {
-      transpose16<2><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
-    } else {
-      transpose16<1><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
-    }
+    with_constant<4, 2, 1>(words, [&](auto s) {
+      transpose16<decltype(s)::value><<<grid, kVThreads, 0, stream>>>(src, dst, rows, cols);
+    });
     return check_launch("transpose16");
   }
   transpose1<<<grid, dim3(32, kTileRows), 0, stream>>>(src, dst, rows, cols);
@@ -263,12 +259,10 @@ ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a) {
   dim3 grid;
   JRN_RETURN_IF_ERROR(tile_grid(a.tensors, a.rows_per_tensor(), a.shape.hidden, kVT, &grid));
   const int words = transposed_store_words(a.rows_per_tensor());
-  if (a.qt && words == 4) {
-    quantize_tiles<K, T, P, 4><<<grid, kVThreads, 0, stream>>>(a);
-  } else if (a.qt && words == 2) {
-    quantize_tiles<K, T, P, 2><<<grid, kVThreads, 0, stream>>>(a);
-  } else if (a.qt) {
-    quantize_tiles<K, T, P, 1><<<grid, kVThreads, 0, stream>>>(a);
+  if (a.qt) {
+    with_constant<4, 2, 1>(words, [&](auto s) {
+      quantize_tiles<K, T, P, decltype(s)::value><<<grid, kVThreads, 0, stream>>>(a);
+    });
   } else if constexpr (K == NormKind::kRms) {
     quantize_tiles<K, T, P, 0><<<grid, kVThreads, 0, stream>>>(a);
   } else {

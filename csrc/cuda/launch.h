@@ -20,10 +20,16 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a);
 
 template <NormKind K, class T, class P>
 ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
-// Current scaling's measuring pass where it has a kernel of its own (RMSNorm
-// without a residual, given statistics or FP8 input): max |y| into a.amax.
+// Current scaling's measuring pass where it has a kernel of its own (no
+// residual, given statistics or FP8 input; RMSNorm, and LayerNorm at widths
+// that are not a multiple of a 16-byte pack): max |y| into a.amax, and the
+// rows' statistics.
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a);
+// Its quantizing pass after it at those widths (x and q 16-byte aligned):
+// q = y / scale_inv from those statistics and scale_inv in a.amax.
+template <NormKind K, class T, class P>
+ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a);
 // out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.
 ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int64_t batch, int64_t rows,
                              int64_t cols);

@@ -69,20 +69,6 @@ constexpr int kDecodeWideThreads = 512;  // fwd_decode's CTA for rows of more pa
 constexpr int kDecodeMaxParts = 4;       // CTAs a row in fwd_decode, at most
 constexpr int kDecodeSplitMinThreads = 512;  // RMSNorm's decode rows split from CTAs of this many threads
 
-// The FP8 output of one pack: per-tensor (q = y * scale), or per row/group
-// (q = y * inv, inv = 1 / scale), at `dst` or at element `idx` of y.
-template <int VEC>
-__device__ __forceinline__ void store_q(uint8_t* dst, Fp8 fmt, float (&y)[VEC], float mul) {
-  float q[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) q[j] = y[j] * mul;
-  store_fp8<VEC>(dst, q, fmt);
-}
-template <int VEC>
-__device__ __forceinline__ void store_q(const FwdArgs& a, int64_t idx, float (&y)[VEC], float mul) {
-  store_q<VEC>(static_cast<uint8_t*>(a.y) + idx, a.fp8, y, mul);
-}
-
 // The per-group FP8 scales of fwd_regs and fwd_slices, whose groups are a
 // power of two of lanes (at most 32) times VEC columns: the group's first
 // lane writes its scale, found with shifts and masks; the divisions and
@@ -336,25 +322,6 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   }
 }
 
-// scale_shift of a pack of VEC centred elements whose parameters from `col`
-// are aligned to W elements, not to the pack: in loads of W elements.
-template <int W, int VEC, class P>
-__device__ __forceinline__ void scale_shift_by(float (&v)[VEC], float rstd, const P* gamma, const P* beta, int col,
-                                               bool zero_centered) {
-#pragma unroll
-  for (int q = 0; q < VEC; q += W) {
-    Pack<P, W> g, b;  // aligned to their size: one load each
-    if (gamma) g = *reinterpret_cast<const Pack<P, W>*>(gamma + col + q);
-    if (beta) b = *reinterpret_cast<const Pack<P, W>*>(beta + col + q);
-    float part[W];
-#pragma unroll
-    for (int j = 0; j < W; ++j) part[j] = v[q + j];
-    scale_shift_packs<W>(part, 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, zero_centered);
-#pragma unroll
-    for (int j = 0; j < W; ++j) v[q + j] = part[j];
-  }
-}
-
 // The forward without FP8, or with per-tensor or per-row FP8 (with or
 // without a residual), of rows whose width is not a multiple of a 16-byte
 // pack (x and y or q themselves 16-byte aligned, and the residual and h).
@@ -470,14 +437,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     if (in[i]) {
-      const int col = column(i);
-      if (width == 4) {
-        scale_shift_by<4>(v[i], rstd, gamma, beta, col, a.zero_centered);
-      } else if (width == 2) {
-        scale_shift_by<2>(v[i], rstd, gamma, beta, col, a.zero_centered);
-      } else {
-        scale_shift_by<1>(v[i], rstd, gamma, beta, col, a.zero_centered);
-      }
+      with_constant<4, 2, 1>(width, [&](auto w) {
+        scale_shift_by<decltype(w)::value>(v[i], rstd, gamma, beta, column(i), a.zero_centered);
+      });
     }
   }
   // The packs not held, and the head's and tail's elements where absent,
@@ -2196,7 +2158,10 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
   measure.quant = Quant::kTensor;
   measure.no_output = true;
-  if (K == NormKind::kRms && !a.residual && !a.given_stats && !a.x_fp8) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool cut = a.shape.hidden % kVec != 0;  // LayerNorm: x_amax at such widths only
+  const bool by_rows = (K == NormKind::kRms || cut) && !a.residual && !a.given_stats && !a.x_fp8;
+  if (by_rows) {
     JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {
@@ -2206,16 +2171,22 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   amax_to_scale_inv<<<blocks, 256, 0, stream>>>(a.amax, a.tensors, a.fp8, a.scale_ub);
   JRN_RETURN_IF_ERROR(check_launch("amax_to_scale_inv"));
   if (a.shape.rows == 0) return ffi::Error::Success();
-  // q (and q_t) from the statistics the measuring pass wrote, in tiles;
-  // elsewhere the per-tensor kernel again, then q_t from q. LayerNorm
-  // without q_t keeps the per-tensor kernel (see above).
+  // q (and q_t) from the statistics the measuring pass wrote, in tiles; at
+  // widths that are not a multiple of a pack, q from them row by row
+  // (x_quantize); elsewhere the per-tensor kernel again. Then q_t from q
+  // where the tiles did not write it. LayerNorm without q_t keeps the
+  // per-tensor kernel at the other widths (see above).
   if ((K == NormKind::kRms || a.qt) && quantize_tiles_fit(a)) return launch_quantize_tiles<K, T, P>(stream, a);
-  FwdArgs quantize = a;
-  quantize.quant = Quant::kTensor;
-  quantize.scale = a.amax;
-  quantize.scale_inverted = true;
-  quantize.amax = nullptr;
-  JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize)));
+  if (by_rows && cut && aligned16(a.x) && aligned16(a.y)) {
+    JRN_RETURN_IF_ERROR((launch_quantize_rows<K, T, P>(stream, a)));
+  } else {
+    FwdArgs quantize = a;
+    quantize.quant = Quant::kTensor;
+    quantize.scale = a.amax;
+    quantize.scale_inverted = true;
+    quantize.amax = nullptr;
+    JRN_RETURN_IF_ERROR((launch_fwd_quant<K, Quant::kTensor, T, P>(stream, quantize)));
+  }
   if (!a.qt) return ffi::Error::Success();
   return launch_transpose8(stream, a.y, a.qt, a.tensors, a.rows_per_tensor(), a.shape.hidden);
 }

@@ -5,8 +5,9 @@
 //               or the same of h = x + residual, h stored in the same pass.
 //   grad_stats: sum(gdy * xhat), and for LayerNorm sum(gdy) after it,
 //               gdy = dy * scale.
-// and, on the same launch shape, x_amax: the measuring pass of RMSNorm's
-// current FP8 scaling (max |y| of the tensor, read-only).
+// and, on the same launch shape, x_amax: the measuring pass of current FP8
+// scaling (max |y| of the tensor, read-only; RMSNorm, and LayerNorm at
+// widths that are not a multiple of a pack).
 // A block is (threads per row, rows per block), as row_sum expects.
 #include "device_utils.cuh"
 #include "launch.h"
@@ -123,67 +124,131 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   }
 }
 
-// acc[0] += sum(x^2) and acc[1] = max(acc[1], |x * scale|) over n packs of N
-// columns of a row from column `first`, the row's threads taking every
-// blockDim.x-th pack; gamma in loads of W elements (load_scale_by).
-template <int N, int W, class T, class P>
-__device__ __forceinline__ void add_sq_max_packs(float (&acc)[2], const T* x, const P* gamma, int64_t first,
-                                                 int64_t n, bool zero_centered) {
-  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) {
-    const int64_t c = first + p * N;
-    float v[N], s[N];
-    load_pack<N>(x + c, v);
-    load_scale_by<N, W>(gamma, c, zero_centered, s);
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      acc[0] += v[j] * v[j];
-      acc[1] = max_abs(acc[1], v[j] * s[j]);
-    }
+// f(Int<N>{}, Int<W>{}, col) for the pieces of a row of H elements from
+// element `start` that this thread takes (every blockDim.x-th): N columns
+// from `col`, their parameters in loads of W elements. CUT false: packs of
+// VEC (H a multiple of VEC). CUT: the row cut at its 16-byte boundaries
+// (cut_row; x's buffer 16-byte aligned), its packs' parameters in the widest
+// loads that gamma's and beta's offset from the packs allows (param_width),
+// the head's and tail's elements one at a time, as fwd_unaligned takes them.
+template <int N, int W, class F>
+__device__ __forceinline__ void each_piece_of(int64_t first, int64_t n, F& f) {
+  for (int64_t p = threadIdx.x; p < n; p += blockDim.x) f(Int<N>{}, Int<W>{}, first + p * N);
+}
+template <int VEC, bool CUT, class P, class F>
+__device__ __forceinline__ void each_piece(int64_t start, int64_t H, const P* gamma, const P* beta, F&& f) {
+  if constexpr (CUT) {
+    const auto [head, body, tail] = cut_row<VEC>(start, H);
+    const auto at = reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr) |
+                    reinterpret_cast<uintptr_t>(beta ? beta + head : nullptr);
+    with_constant<4, 2, 1>(param_width<P>(at), [&](auto w) { each_piece_of<VEC, decltype(w)::value>(head, body, f); });
+    each_piece_of<1, 1>(0, head, f);
+    each_piece_of<1, 1>(head + static_cast<int64_t>(body) * VEC, tail, f);
+  } else {
+    each_piece_of<VEC, VEC>(0, H / VEC, f);
   }
 }
 
-// Current scaling's measuring pass for RMSNorm without a residual: max |y|
-// of each row, y = x * rstd * scale, merged into amax of the row's tensor
-// (zeroed before), and rstd. rstd > 0 is common to the row, so max |y| =
-// rstd * max |x * scale|, and one reduction a row takes both sums; x only
-// read, on the x statistics' launch shape (below). Measured with the
-// quantizing pass after it: see launch_fwd_current in norm_fwd.cu.
-// CUT: rows whose width is not a multiple of a pack (x's buffer 16-byte
-// aligned), each cut at its 16-byte boundaries (cut_row) and read in packs
-// of VEC but for the head's and tail's elements; gamma in the widest loads
-// its offset from the packs allows, as fwd_unaligned loads it.
-template <class T, class P, int VEC, bool CUT = false>
+// Current scaling's measuring pass: max |y| of each row merged into amax of
+// the row's tensor (zeroed before), and the row's statistics; x only read,
+// on the x statistics' launch shape (below). Measured with the quantizing
+// pass after it: see launch_fwd_current in norm_fwd.cu. CUT: rows whose
+// width is not a multiple of a pack, cut as each_piece cuts them.
+// RMSNorm: y = x * rstd * scale with rstd > 0 common to the row, so max |y| =
+// rstd * max |x * scale|, and one reduction a row takes both sums.
+// LayerNorm: y = (x - mean) * rstd * scale + beta needs the row's mean and
+// rstd first: the shifted sums (layer_shift), then the row read again (L1
+// and L2 hits) for max |y|, two reductions a row.
+template <NormKind K, class T, class P, int VEC, bool CUT = false>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
   const P* gamma = row_gamma<P>(a, row, valid);
+  const P* beta = K == NormKind::kLayer && a.beta && valid ? static_cast<const P*>(a.beta) + a.shape.param_offset(row)
+                                                             : nullptr;
   const bool zc = a.zero_centered;
-  float acc[2] = {};  // sum(x^2), max |x * scale|
-  if (valid) {
-    if constexpr (CUT) {
-      const auto [head, body, tail] = cut_row<VEC>(row * H, H);
-      const int width = param_width<P>(reinterpret_cast<uintptr_t>(gamma ? gamma + head : nullptr));
-      if (width == 4) {
-        add_sq_max_packs<VEC, 4>(acc, x, gamma, head, body, zc);
-      } else if (width == 2) {
-        add_sq_max_packs<VEC, 2>(acc, x, gamma, head, body, zc);
-      } else {
-        add_sq_max_packs<VEC, 1>(acc, x, gamma, head, body, zc);
-      }
-      add_sq_max_packs<1, 1>(acc, x, gamma, 0, head, zc);
-      add_sq_max_packs<1, 1>(acc, x, gamma, head + static_cast<int64_t>(body) * VEC, tail, zc);
-    } else {
-      add_sq_max_packs<VEC, VEC>(acc, x, gamma, 0, H / VEC, zc);
-    }
-  }
-  row_sum<2, SumAbsMaxOp, true>(acc, smem);
-  if (valid && threadIdx.x == 0) {
-    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+  // The row's first thread writes its statistics and merges its max |y|.
+  auto finish = [&](float mean, float rstd, float row_max) {
     a.rstd[row] = rstd;  // what quantize_tiles normalizes with
-    atomic_abs_max(a.amax + a.tensor_of(row), max_abs(0.f, rstd * acc[1]));
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+    atomic_abs_max(a.amax + a.tensor_of(row), row_max);
+  };
+  float acc[2] = {};  // RMSNorm: sum(x^2), max |x * scale|; LayerNorm: the shifted sums
+  if constexpr (K == NormKind::kRms) {
+    if (valid) {
+      each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
+        float v[decltype(n)::value];
+        load_pack<decltype(n)::value>(x + c, v);
+        add_sq_scaled_max<decltype(n)::value, decltype(w)::value>(acc, v, gamma, c, zc);
+      });
+    }
+    row_sum<2, SumAbsMaxOp, true>(acc, smem);
+    if (valid && threadIdx.x == 0) {
+      const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+      finish(0.f, rstd, max_abs(0.f, rstd * acc[1]));
+    }
+  } else {
+    const float shift = valid ? layer_shift([&](int64_t c) {
+      float v[1];
+      load_pack<1>(x + c, v);
+      return v[0];
+    }, H) : 0.f;
+    if (valid) {
+      each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto, int64_t c) {
+        float v[decltype(n)::value];
+        load_pack<decltype(n)::value>(x + c, v);
+        add_shifted_sums<2>(acc, v, shift);
+      });
+    }
+    row_sum<2>(acc, smem);
+    const float2 mean_m2 = shifted_mean_m2(acc, shift, H);
+    const float mean = mean_m2.x, rstd = rsqrtf(mean_m2.y / static_cast<float>(H) + a.eps);
+    float m[1] = {0.f};
+    if (valid) {
+      each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
+        constexpr int N = decltype(n)::value;
+        float v[N];
+        load_pack<N>(x + c, v);
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] -= mean;
+        scale_shift_by<decltype(w)::value>(v, rstd, gamma, beta, static_cast<int>(c), zc);
+#pragma unroll
+        for (int j = 0; j < N; ++j) m[0] = max_abs(m[0], v[j]);
+      });
+    }
+    row_sum<1, AbsMaxOp, true>(m, smem);
+    if (valid && threadIdx.x == 0) finish(mean, rstd, m[0]);
   }
+}
+
+// Current scaling's quantizing pass at widths that are not a multiple of a
+// pack, after x_amax: q = y / scale_inv, y from the row's statistics as
+// x_amax wrote them and scale_inv in a.amax (amax_to_scale_inv). Reads x,
+// writes q, with no reduction: each piece of the row (each_piece) loaded,
+// normalized and stored on its own. q's packs lie on 8-byte (float32 x:
+// 4-byte) boundaries at the columns where x's lie on 16-byte ones.
+template <NormKind K, class T, class P, int VEC, bool CUT>
+__global__ void __launch_bounds__(kThreads) x_quantize(FwdArgs a) {
+  const int64_t H = a.shape.hidden;
+  const auto [row, valid] = block_row(a);
+  if (!valid) return;
+  const T* x = static_cast<const T*>(a.x) + row * H;
+  const P* gamma = row_gamma<P>(a, row, valid);
+  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + a.shape.param_offset(row) : nullptr;
+  const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f, rstd = a.rstd[row];
+  const float mul = 1.f / a.amax[a.tensor_of(row)];
+  const bool zc = a.zero_centered;
+  each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
+    constexpr int N = decltype(n)::value;
+    float v[N];
+    load_pack<N>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] -= mean;
+    scale_shift_by<decltype(w)::value>(v, rstd, gamma, beta, static_cast<int>(c), zc);
+    store_q<N>(a, row * H + c, v, mul);
+  });
 }
 
 // Threads per row of x statistics: about kXRowPacks packs a thread, so that
@@ -248,27 +313,38 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
 
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
-  if constexpr (K != NormKind::kRms) {
-    return ffi::Error::Internal("jax_rmsnorm: x_amax takes RMSNorm only");
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma)) &&
+                   (!a.beta || aligned16(a.beta));
+  const bool cut = !vec && aligned16(a.x);  // rows cut at their 16-byte boundaries
+  dim3 grid, block;
+  const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(nvec, a.shape.rows), kThreads, &grid, &block));
+  if (vec) {
+    x_amax<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
+  } else if (cut) {
+    x_amax<K, T, P, kVec, true><<<grid, block, 0, stream>>>(a);
   } else {
-    constexpr int kVec = 16 / sizeof(T);
-    const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma));
-    const bool cut = !vec && aligned16(a.x);  // rows cut at their 16-byte boundaries
-    dim3 grid, block;
-    const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
-    JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(nvec, a.shape.rows), kThreads, &grid, &block));
-    if (vec) {
-      x_amax<T, P, kVec><<<grid, block, 0, stream>>>(a);
-    } else if (cut) {
-      x_amax<T, P, kVec, true><<<grid, block, 0, stream>>>(a);
-    } else {
-      x_amax<T, P, 1><<<grid, block, 0, stream>>>(a);
-    }
-    return check_launch("x_amax");
+    x_amax<K, T, P, 1><<<grid, block, 0, stream>>>(a);
   }
+  return check_launch("x_amax");
 }
 
-#define JRN_INSTANTIATE_AMAX(K, T, P) template ffi::Error launch_fwd_amax<K, T, P>(cudaStream_t, const FwdArgs&);
+template <NormKind K, class T, class P>
+ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (a.shape.hidden % kVec == 0 || !aligned16(a.x) || !aligned16(a.y))
+    return ffi::Error::Internal("jax_rmsnorm: x_quantize takes rows cut at 16-byte boundaries only");
+  dim3 grid, block;
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(a.shape.hidden / kVec, a.shape.rows), kThreads, &grid,
+                               &block));
+  x_quantize<K, T, P, kVec, true><<<grid, block, 0, stream>>>(a);
+  return check_launch("x_quantize");
+}
+
+#define JRN_INSTANTIATE_AMAX(K, T, P)                                                   \
+  template ffi::Error launch_fwd_amax<K, T, P>(cudaStream_t, const FwdArgs&); \
+  template ffi::Error launch_quantize_rows<K, T, P>(cudaStream_t, const FwdArgs&);
 JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_AMAX)
 #define JRN_INSTANTIATE_GRAD_STATS(K, T, P) \
   template ffi::Error launch_grad_stats<K, T, P>(cudaStream_t, const StatsArgs&);
