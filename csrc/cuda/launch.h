@@ -26,8 +26,9 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
 // rows' statistics.
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a);
-// Its quantizing pass after it at those widths (x and q 16-byte aligned):
-// q = y / scale_inv from those statistics and scale_inv in a.amax.
+// Current scaling's quantizing pass row by row (no residual, given
+// statistics or FP8 input; x and q 16-byte aligned): q = y / scale_inv from
+// the statistics of the measuring pass and scale_inv in a.amax.
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a);
 // out[b, c, r] = in[b, r, c] for bytes (FP8): the transposed copy of q.

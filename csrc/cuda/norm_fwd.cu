@@ -28,8 +28,10 @@
 // given per-tensor scale (max |y| atomically merged into amax), or divided
 // by a scale computed from the row's / the group's own max |y| (row maxima
 // with the row-sum machinery; groups of up to 32 lanes by shuffles in
-// fwd_regs, a thread per group in fwd_stream). Current scaling
-// (a scale from the tensor's own amax) runs the per-tensor kernels twice.
+// fwd_regs, a thread per group in fwd_stream). Current scaling (a scale
+// from the tensor's own amax) takes a measuring and a quantizing pass
+// (launch_fwd_current below), the per-tensor kernels where the kernels of
+// norm_stats.cu and fp8_transpose.cu do not take them.
 //
 // FP8 input without a residual takes fwd_fp8_regs where the row fits: the
 // codes held raw in registers, decoded for each pass.
@@ -2123,45 +2125,49 @@ __global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float u
     amax[t] = quant_scale(amax[t], fmt, ub);
 }
 
-// Current scaling, in three launches on the stream: the per-tensor pass with
-// no output but amax (and the statistics), amax turned into scale_inv, then
-// the per-tensor pass again with q = y / scale_inv, h written. Where
-// quantize_tiles_fit (fp8_transpose.cu), the last pass is quantize_tiles
-// instead, normalizing with the statistics of the first, which writes the
-// transposed copy q_t (a.qt) with q; elsewhere q_t is a transpose of q.
-// H100, bf16, 2^27 elements, same-call A/B, us: rms_fp8_current_t 1024
-// 347.5 -> 302.1, 4096 359.2 -> 302.6, 16384 353.7 -> 302.9, 65536 373.6 ->
-// 304.4; ln_fp8_current_t 442.9 -> 386.6, 412.9 -> 372.8, 448.0 -> 392.9,
-// 516.2 -> 429.7. Without q_t, RMSNorm: rms_fp8_current 257.1 -> 254.0,
-// 267.5 -> 253.5, 257.5 -> 250.3, 276.5 -> 248.5; LayerNorm's per-tensor
-// kernel stays ahead there (ln_fp8_current 348.5 / 315.8 / 348.8 / 414.5
-// against 359.7 / 345.3 / 368.0 / 393.5 with quantize_tiles).
-//
-// RMSNorm without a residual, given statistics or FP8 input measures with
-// x_amax (norm_stats.cu): a read-only kernel with one reduction a row, where
-// the per-tensor kernels computed y for nothing but its max. H100, bf16,
-// rms_fp8_current (both passes), same-call A/B, us, before -> after: 1024
-// 264.2 -> 250.7, 4096 270.9 -> 262.7, 16384 276.0 -> 254.2, 65536 319.4 ->
-// 272.1, 262144 403.0 -> 323.0 (2^27 elements each). Skipping only the second
-// sweep over the row in fwd_slices' measuring pass (the same product taken
-// with the sums) had left it level: 321.6 -> 319.0 at 65536. For LayerNorm
-// an x_amax with the shifted sums, then y from a second read of the row, was
-// mixed (ln_fp8_current 1024 347.1 -> 332.0 us, 4096 317.7 -> 370.2, 16384
-// 352.6 -> 382.0, 65536 420.2 -> 417.6): it keeps the per-tensor kernel.
-// At widths that are not a multiple of a pack x_amax cuts each row at its
-// 16-byte boundaries, where fwd_unaligned's per-tensor instance had measured:
-// H100, bf16, Nsight Compute, the measuring pass at 10920x12290 176.4 -> 100.8
-// us (x_amax at 10920x12288: 93.7); rms_fp8_current 450.0 -> 301.3 us
-// (the jnp composition: 358.3), at 32736x4100 400.1 -> 279.9 (RESULTS.md 6zb).
+// Current scaling, in three launches on the stream: a measuring pass that
+// writes amax and the rows' statistics, amax turned into scale_inv, then a
+// quantizing pass, q = y / scale_inv:
+// - measured by x_amax (norm_stats.cu), a read-only kernel, for RMSNorm and
+//   for LayerNorm at widths that are not a multiple of a pack; by the
+//   per-tensor kernel with no output for LayerNorm at the other widths (and
+//   wherever there is a residual, given statistics or FP8 input);
+// - quantized by quantize_tiles (fp8_transpose.cu) where it fits, RMSNorm,
+//   or either norm with the transposed copy q_t (written with q); else by
+//   x_quantize, row by row from the statistics measured; else (a residual,
+//   given statistics, FP8 input, unaligned buffers) the per-tensor kernel
+//   again, h written. q_t, where the tiles did not write it, is a transpose
+//   of q.
+// H100, bf16, 2^27 elements, same-call A/B, us: quantize_tiles took
+// rms_fp8_current_t 1024 347.5 -> 302.1, 4096 359.2 -> 302.6, 16384 353.7 ->
+// 302.9, 65536 373.6 -> 304.4; ln_fp8_current_t 442.9 -> 386.6, 412.9 ->
+// 372.8, 448.0 -> 392.9, 516.2 -> 429.7. x_amax took rms_fp8_current (both
+// passes) 1024 264.2 -> 250.7, 4096 270.9 -> 262.7, 16384 276.0 -> 254.2,
+// 65536 319.4 -> 272.1, 262144 403.0 -> 323.0, where the per-tensor kernels
+// computed y for nothing but its max. LayerNorm's x_amax reads each row twice
+// (its max |y| needs the mean first) and measures slower than the per-tensor
+// kernel where the width is a multiple of a pack; where it is not, that
+// kernel is fwd_unaligned, slower still. H200, bf16, same-call A/B, us
+// (RESULTS.md 6zd): LayerNorm measured by x_amax at every width, against the
+// per-tensor kernel, ln_fp8_current_t 1024 347.9 -> 372.6, 4096 353.5 ->
+// 358.4, 16384 349.8 -> 365.5, 65536 372.5 -> 394.7. At 10919x12290 its
+// measuring pass took 137.5 us in x_amax (Nsight Compute), about 110 less
+// than in fwd_unaligned: ln_fp8_current 516.7 -> 405.8, then 263.1 with
+// x_quantize too (ln_fp8_current_t 675.3 -> 430.9). x_quantize against the
+// per-tensor kernel's second pass: rms_fp8_current 10919x12290 264.5 ->
+// 194.5, 32700x4104 208.1 -> 189.7; ln_fp8_current (measured by the
+// per-tensor kernel) 1024 280.2 -> 254.6, 4096 286.8 -> 257.0, 65536 325.9 ->
+// 289.6.
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
   measure.quant = Quant::kTensor;
   measure.no_output = true;
   constexpr int kVec = 16 / sizeof(T);
-  const bool cut = a.shape.hidden % kVec != 0;  // LayerNorm: x_amax at such widths only
-  const bool by_rows = (K == NormKind::kRms || cut) && !a.residual && !a.given_stats && !a.x_fp8;
-  if (by_rows) {
+  const bool by_rows = !a.residual && !a.given_stats && !a.x_fp8;
+  // LayerNorm's per-tensor kernel measures faster where the width is a
+  // multiple of a pack (x_amax reads each row twice).
+  if (by_rows && (K == NormKind::kRms || a.shape.hidden % kVec != 0)) {
     JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {
@@ -2171,13 +2177,9 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   amax_to_scale_inv<<<blocks, 256, 0, stream>>>(a.amax, a.tensors, a.fp8, a.scale_ub);
   JRN_RETURN_IF_ERROR(check_launch("amax_to_scale_inv"));
   if (a.shape.rows == 0) return ffi::Error::Success();
-  // q (and q_t) from the statistics the measuring pass wrote, in tiles; at
-  // widths that are not a multiple of a pack, q from them row by row
-  // (x_quantize); elsewhere the per-tensor kernel again. Then q_t from q
-  // where the tiles did not write it. LayerNorm without q_t keeps the
-  // per-tensor kernel at the other widths (see above).
+  // q (and q_t) from the statistics the measuring pass wrote (see above).
   if ((K == NormKind::kRms || a.qt) && quantize_tiles_fit(a)) return launch_quantize_tiles<K, T, P>(stream, a);
-  if (by_rows && cut && aligned16(a.x) && aligned16(a.y)) {
+  if (by_rows && aligned16(a.x) && aligned16(a.y)) {
     JRN_RETURN_IF_ERROR((launch_quantize_rows<K, T, P>(stream, a)));
   } else {
     FwdArgs quantize = a;

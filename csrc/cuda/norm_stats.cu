@@ -5,9 +5,11 @@
 //               or the same of h = x + residual, h stored in the same pass.
 //   grad_stats: sum(gdy * xhat), and for LayerNorm sum(gdy) after it,
 //               gdy = dy * scale.
-// and, on the same launch shape, x_amax: the measuring pass of current FP8
-// scaling (max |y| of the tensor, read-only; RMSNorm, and LayerNorm at
-// widths that are not a multiple of a pack).
+// and, on the same launch shape, current FP8 scaling's two passes:
+//   x_amax:     max |y| of the tensor and the rows' statistics, read-only
+//               (RMSNorm, and LayerNorm at widths that are not a multiple of
+//               a pack);
+//   x_quantize: q = y / scale_inv from those statistics.
 // A block is (threads per row, rows per block), as row_sum expects.
 #include "device_utils.cuh"
 #include "launch.h"
@@ -223,12 +225,13 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   }
 }
 
-// Current scaling's quantizing pass at widths that are not a multiple of a
-// pack, after x_amax: q = y / scale_inv, y from the row's statistics as
-// x_amax wrote them and scale_inv in a.amax (amax_to_scale_inv). Reads x,
-// writes q, with no reduction: each piece of the row (each_piece) loaded,
-// normalized and stored on its own. q's packs lie on 8-byte (float32 x:
-// 4-byte) boundaries at the columns where x's lie on 16-byte ones.
+// Current scaling's quantizing pass where quantize_tiles does not take it:
+// q = y / scale_inv, y from the rows' statistics as the measuring pass wrote
+// them and scale_inv in a.amax (amax_to_scale_inv). Reads x, writes q, with
+// no reduction: each piece of the row (each_piece) loaded, normalized and
+// stored on its own. CUT: at widths that are not a multiple of a pack, q's
+// packs lie on 8-byte (float32 x: 4-byte) boundaries at the columns where
+// x's lie on 16-byte ones.
 template <NormKind K, class T, class P, int VEC, bool CUT>
 __global__ void __launch_bounds__(kThreads) x_quantize(FwdArgs a) {
   const int64_t H = a.shape.hidden;
@@ -333,12 +336,16 @@ ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  if (a.shape.hidden % kVec == 0 || !aligned16(a.x) || !aligned16(a.y))
-    return ffi::Error::Internal("jax_rmsnorm: x_quantize takes rows cut at 16-byte boundaries only");
+  if (!aligned16(a.x) || !aligned16(a.y)) return ffi::Error::Internal("jax_rmsnorm: x_quantize takes aligned x and q");
+  const bool vec = a.shape.hidden % kVec == 0 && (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
   dim3 grid, block;
   JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(a.shape.hidden / kVec, a.shape.rows), kThreads, &grid,
                                &block));
-  x_quantize<K, T, P, kVec, true><<<grid, block, 0, stream>>>(a);
+  if (vec) {
+    x_quantize<K, T, P, kVec, false><<<grid, block, 0, stream>>>(a);
+  } else {
+    x_quantize<K, T, P, kVec, true><<<grid, block, 0, stream>>>(a);
+  }
   return check_launch("x_quantize");
 }
 
