@@ -37,6 +37,24 @@ __device__ __forceinline__ const P* row_gamma(const Args& a, int64_t row, bool v
   return a.gamma && valid ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
 }
 
+// That row's beta (LayerNorm's, where given), or null.
+template <NormKind K, class P, class Args>
+__device__ __forceinline__ const P* row_beta(const Args& a, int64_t row, bool valid) {
+  return K == NormKind::kLayer && a.beta && valid ? static_cast<const P*>(a.beta) + a.shape.param_offset(row)
+                                                  : nullptr;
+}
+
+// y of the N columns from `col` of a row with these statistics: x loaded,
+// centred, scaled and shifted (parameters in loads of W elements).
+template <int N, int W, class T, class P>
+__device__ __forceinline__ void load_y(float (&v)[N], const T* x, int64_t col, float mean, float rstd, const P* gamma,
+                                       const P* beta, bool zero_centered) {
+  load_pack<N>(x + col, v);
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] -= mean;
+  scale_shift_by<W>(v, rstd, gamma, beta, static_cast<int>(col), zero_centered);
+}
+
 // Threads per row of the gradient statistics: a thread per kRowPacks packs of
 // the row, up to kThreads (x statistics: x_stats_threads below). Each thread
 // loads one pack (of x, and of dy) at a time. These kernels
@@ -168,8 +186,7 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
   const auto [row, valid] = block_row(a);
   const T* x = static_cast<const T*>(a.x) + row * H;
   const P* gamma = row_gamma<P>(a, row, valid);
-  const P* beta = K == NormKind::kLayer && a.beta && valid ? static_cast<const P*>(a.beta) + a.shape.param_offset(row)
-                                                             : nullptr;
+  const P* beta = row_beta<K, P>(a, row, valid);
   const bool zc = a.zero_centered;
   // The row's first thread writes its statistics and merges its max |y|.
   auto finish = [&](float mean, float rstd, float row_max) {
@@ -210,14 +227,9 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
     float m[1] = {0.f};
     if (valid) {
       each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
-        constexpr int N = decltype(n)::value;
-        float v[N];
-        load_pack<N>(x + c, v);
-#pragma unroll
-        for (int j = 0; j < N; ++j) v[j] -= mean;
-        scale_shift_by<decltype(w)::value>(v, rstd, gamma, beta, static_cast<int>(c), zc);
-#pragma unroll
-        for (int j = 0; j < N; ++j) m[0] = max_abs(m[0], v[j]);
+        float v[decltype(n)::value];
+        load_y<decltype(n)::value, decltype(w)::value>(v, x, c, mean, rstd, gamma, beta, zc);
+        for (float y : v) m[0] = max_abs(m[0], y);
       });
     }
     row_sum<1, AbsMaxOp, true>(m, smem);
@@ -239,18 +251,14 @@ __global__ void __launch_bounds__(kThreads) x_quantize(FwdArgs a) {
   if (!valid) return;
   const T* x = static_cast<const T*>(a.x) + row * H;
   const P* gamma = row_gamma<P>(a, row, valid);
-  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + a.shape.param_offset(row) : nullptr;
+  const P* beta = row_beta<K, P>(a, row, valid);
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f, rstd = a.rstd[row];
   const float mul = 1.f / a.amax[a.tensor_of(row)];
   const bool zc = a.zero_centered;
   each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
-    constexpr int N = decltype(n)::value;
-    float v[N];
-    load_pack<N>(x + c, v);
-#pragma unroll
-    for (int j = 0; j < N; ++j) v[j] -= mean;
-    scale_shift_by<decltype(w)::value>(v, rstd, gamma, beta, static_cast<int>(c), zc);
-    store_q<N>(a, row * H + c, v, mul);
+    float v[decltype(n)::value];
+    load_y<decltype(n)::value, decltype(w)::value>(v, x, c, mean, rstd, gamma, beta, zc);
+    store_q<decltype(n)::value>(a, row * H + c, v, mul);
   });
 }
 
