@@ -303,11 +303,11 @@ inline int64_t row_grain(int64_t hidden) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(hidden, 1));
 }
 
-// h = x + residual of row r (`row` holds x on entry), summed in float32 and
-// rounded to h's dtype: `row` becomes h as stored, and is stored to a.h if
-// `store`. FwdArgs and StatsArgs both carry the residual and h this way.
+// h = x + residual of row r (`row` holds x on entry), summed in float32,
+// rounded to h's dtype and stored to a.h: `row` becomes h as stored.
+// FwdArgs and StatsArgs both carry the residual and h this way.
 template <class T, class Args>
-void add_residual(const Args& a, int64_t r, int64_t H, std::vector<float>& row, bool store) {
+void add_residual(const Args& a, int64_t r, int64_t H, std::vector<float>& row) {
   if (a.residual_f32) {
     const float* res = static_cast<const float*>(a.residual) + r * H;
     for (int64_t i = 0; i < H; ++i) row[i] += res[i];
@@ -316,17 +316,12 @@ void add_residual(const Args& a, int64_t r, int64_t H, std::vector<float>& row, 
     for (int64_t i = 0; i < H; ++i) row[i] += to_float(res[i]);
   }
   if (a.h_f32) {
-    if (store) std::copy(row.begin(), row.end(), static_cast<float*>(a.h) + r * H);
+    std::copy(row.begin(), row.end(), static_cast<float*>(a.h) + r * H);
   } else {
-    // Two loops, not a store under `if (store)`: that kept the loop from vectorizing.
     T* h = static_cast<T*>(a.h) + r * H;
-    if (store) {
-      for (int64_t i = 0; i < H; ++i) {
-        h[i] = from_float<T>(row[i]);
-        row[i] = to_float(h[i]);
-      }
-    } else {
-      for (int64_t i = 0; i < H; ++i) row[i] = to_float(from_float<T>(row[i]));
+    for (int64_t i = 0; i < H; ++i) {
+      h[i] = from_float<T>(row[i]);
+      row[i] = to_float(h[i]);
     }
   }
 }
@@ -477,8 +472,18 @@ struct CpuBackend {
         params_of = g;
       }
       // The row to normalize: x (dequantized if FP8), or h = x + residual
-      // rounded to h's dtype.
-      if (a.x_fp8) {
+      // rounded to h's dtype (in current scaling's second pass, h as its
+      // first stored it).
+      const bool stored_h = second && a.residual;
+      if (stored_h) {
+        if (a.h_f32) {
+          const float* hr = static_cast<const float*>(a.h) + r * H;
+          std::copy(hr, hr + H, row.begin());
+        } else {
+          const T* hr = static_cast<const T*>(a.h) + r * H;
+          for (int64_t i = 0; i < H; ++i) row[i] = to_float(hr[i]);
+        }
+      } else if (a.x_fp8) {
         const uint8_t* xq = static_cast<const uint8_t*>(a.x) + r * H;
         const float* xs = a.x_scale + r * (H / a.x_group);
         for (int64_t g0 = 0; g0 < H; g0 += a.x_group) {  // a scale per group of x_group columns
@@ -489,18 +494,21 @@ struct CpuBackend {
         const T* xr = x + r * H;
         for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
       }
-      if (a.residual) add_residual<T>(a, r, H, row, !second);
+      if (a.residual && !stored_h) add_residual<T>(a, r, H, row);
+      // Current scaling's second pass takes the statistics its first wrote
+      // (the same sums, so the same bits).
+      const bool given = a.given_stats || second;
       float mean = 0.f;
       if constexpr (K == NormKind::kLayer) {
-        mean = a.given_stats ? a.mean[r]
-                             : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
-                                                  static_cast<double>(H));
+        mean = given ? a.mean[r]
+                     : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
+                                          static_cast<double>(H));
       }
       if constexpr (K == NormKind::kLayer) {
         for (int64_t i = 0; i < H; ++i) row[i] -= mean;
       }
       float rstd;
-      if (a.given_stats) {
+      if (given) {
         rstd = a.rstd[r];
       } else {
         const double ss = sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]) * row[i]; });
@@ -639,7 +647,7 @@ struct CpuBackend {
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * H;
         for (int64_t i = 0; i < H; ++i) row[i] = to_float(x[i]);
-        if (a.residual) add_residual<T>(a, r, H, row, true);
+        if (a.residual) add_residual<T>(a, r, H, row);
         double mean = 0.0;
         if constexpr (K == NormKind::kLayer) {
           mean = sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) / static_cast<double>(H);
