@@ -479,9 +479,9 @@ def test_fp8_unaligned(kind, dtype, quant, shape, platform):
 
 
 # Current scaling at widths that are not a multiple of a pack, under vmap:
-# three tensors of different magnitudes, each its own scale, measured (on a
-# GPU) by x_amax with the rows cut, whose rows of one CTA's block may belong
-# to two tensors (5 rows a tensor).
+# three tensors of 5 rows and different magnitudes, each its own scale. On a
+# GPU each row's max |y| is merged into its tensor's amax by x_amax (rows cut
+# at their 16-byte boundaries), and x_quantize divides by that tensor's scale.
 @pytest.mark.parametrize("hidden", [127, 4100, 12290])
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_current_unaligned_vmapped(kind, hidden, platform):
