@@ -1213,5 +1213,10 @@ inline ffi::Error row_grid(int64_t rows, int tpr, int cta_threads, dim3* grid, d
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// gamma and beta (those given) 16-byte aligned, as the kernels' packs of
+// parameters need.
+inline bool params_aligned16(const FwdArgs& a) {
+  return (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
+}
 
 }  // namespace jrn::cuda

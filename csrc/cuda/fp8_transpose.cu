@@ -248,10 +248,9 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
 }
 
 bool quantize_tiles_fit(const FwdArgs& a) {
-  const bool params_aligned = (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
   const bool qt_fits = !a.qt || (transposed_store_words(a.rows_per_tensor()) > 0 && aligned16(a.qt));
   return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && aligned16(a.x) &&
-         aligned16(a.y) && params_aligned && qt_fits;
+         aligned16(a.y) && params_aligned16(a) && qt_fits;
 }
 
 template <NormKind K, class T, class P>

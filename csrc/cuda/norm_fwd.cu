@@ -2089,8 +2089,7 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
     if (a.shape.rows == 0) return ffi::Error::Success();
   }
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) &&
-                      (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta)) &&
+  const bool vec_ok = a.shape.hidden % kVec == 0 && aligned16(a.x) && aligned16(a.y) && params_aligned16(a) &&
                       (!a.residual || (aligned16(a.residual) && aligned16(a.h))) &&
                       (Q != Quant::kGroup || a.group_size % kVec == 0) &&
                       (!a.x_fp8 || a.x_group % kVec == 0);
@@ -2099,7 +2098,7 @@ ffi::Error launch_fwd_quant(cudaStream_t stream, const FwdArgs& a) {
     const int64_t packs = a.shape.hidden / kFp8Vec;
     if (a.x_fp8 && !a.residual && !a.given_stats && a.shape.hidden % kFp8Vec == 0 &&
         a.x_group % kFp8Vec == 0 && packs <= kMaxRowThreads * kRegItems && aligned16(a.x) && aligned16(a.y) &&
-        (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta))) {
+        params_aligned16(a)) {
       const int tpr = pow2_ceil(ceil_div(packs, kRegItems));
       dim3 grid, block;
       JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kBlockThreads, &grid, &block));

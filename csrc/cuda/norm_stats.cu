@@ -325,8 +325,7 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && (!a.gamma || aligned16(a.gamma)) &&
-                   (!a.beta || aligned16(a.beta));
+  const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && params_aligned16(a);
   const bool cut = !vec && aligned16(a.x);  // rows cut at their 16-byte boundaries
   dim3 grid, block;
   const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
@@ -345,7 +344,7 @@ template <NormKind K, class T, class P>
 ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   if (!aligned16(a.x) || !aligned16(a.y)) return ffi::Error::Internal("jax_rmsnorm: x_quantize takes aligned x and q");
-  const bool vec = a.shape.hidden % kVec == 0 && (!a.gamma || aligned16(a.gamma)) && (!a.beta || aligned16(a.beta));
+  const bool vec = a.shape.hidden % kVec == 0 && params_aligned16(a);
   dim3 grid, block;
   JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(a.shape.hidden / kVec, a.shape.rows), kThreads, &grid,
                                &block));
