@@ -364,7 +364,7 @@ inline void transpose8x8(uint64_t (&w)[8]) {
 void transpose_bytes(ffi::ThreadPool& pool, const void* in, void* out, int64_t batch, int64_t rows, int64_t cols) {
   constexpr int64_t kTile = 64;
   const int64_t strips = (cols + kTile - 1) / kTile, items = batch * strips;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(rows * kTile, 1));
+  const int64_t grain = row_grain(rows * kTile);  // a strip (rows x 64 bytes) counted as one row that wide
   run_chunks(pool, items, chunk_count(pool, items, grain), [&](int64_t, int64_t i0, int64_t i1) {
     // Zeroed once: the 8 x 8 blocks at a tile's ragged edge read past its bytes.
     std::vector<uint8_t> buf(2 * kTile * kTile, 0);

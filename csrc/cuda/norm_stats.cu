@@ -356,7 +356,7 @@ ffi::Error launch_quantize_rows(cudaStream_t stream, const FwdArgs& a) {
   return check_launch("x_quantize");
 }
 
-#define JRN_INSTANTIATE_AMAX(K, T, P)                                                   \
+#define JRN_INSTANTIATE_AMAX(K, T, P)                                      \
   template ffi::Error launch_fwd_amax<K, T, P>(cudaStream_t, const FwdArgs&); \
   template ffi::Error launch_quantize_rows<K, T, P>(cudaStream_t, const FwdArgs&);
 JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_AMAX)
