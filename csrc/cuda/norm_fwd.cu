@@ -2162,11 +2162,8 @@ ffi::Error launch_fwd_current(cudaStream_t stream, const FwdArgs& a) {
   FwdArgs measure = a;
   measure.quant = Quant::kTensor;
   measure.no_output = true;
-  constexpr int kVec = 16 / sizeof(T);
   const bool by_rows = !a.residual && !a.given_stats && !a.x_fp8;
-  // LayerNorm's per-tensor kernel measures faster where the width is a
-  // multiple of a pack (x_amax reads each row twice).
-  if (by_rows && (K == NormKind::kRms || a.shape.hidden % kVec != 0)) {
+  if (amax_by_rows(a, K, sizeof(T))) {
     JRN_RETURN_IF_ERROR(zero_amax(stream, a));
     if (a.shape.rows > 0) JRN_RETURN_IF_ERROR((launch_fwd_amax<K, T, P>(stream, measure)));
   } else {
