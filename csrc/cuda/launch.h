@@ -20,15 +20,12 @@ ffi::Error launch_stats(cudaStream_t stream, const StatsArgs& a);
 
 template <NormKind K, class T, class P>
 ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a);
-// Current scaling's measuring pass where it has a kernel of its own
-// (amax_by_rows): max |y| into a.amax, and the rows' statistics.
+// Current scaling's measuring pass where it has a kernel of its own (no
+// residual, given statistics or FP8 input; RMSNorm, and LayerNorm at widths
+// that are not a multiple of a 16-byte pack): max |y| into a.amax, and the
+// rows' statistics.
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a);
-// Whether launch_fwd_amax takes this call (x of elem_bytes a element): no
-// residual, given statistics or FP8 input; RMSNorm; LayerNorm at widths that
-// are not a multiple of a 16-byte pack, or whose row its threads hold in
-// registers (x and the parameters 16-byte aligned, up to 2048 packs).
-bool amax_by_rows(const FwdArgs& a, NormKind kind, int elem_bytes);
 // Current scaling's quantizing pass row by row (no residual, given
 // statistics or FP8 input; x and q 16-byte aligned): q = y / scale_inv from
 // the statistics of the measuring pass and scale_inv in a.amax.

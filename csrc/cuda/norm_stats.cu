@@ -44,21 +44,15 @@ __device__ __forceinline__ const P* row_beta(const Args& a, int64_t row, bool va
                                                   : nullptr;
 }
 
-// v, the N columns of x from `col` of a row with these statistics, made y:
+// y of the N columns from `col` of a row with these statistics: x loaded,
 // centred, scaled and shifted (parameters in loads of W elements).
-template <int N, int W, class P>
-__device__ __forceinline__ void make_y(float (&v)[N], int64_t col, float mean, float rstd, const P* gamma,
-                                       const P* beta, bool zero_centered) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) v[j] -= mean;
-  scale_shift_by<W>(v, rstd, gamma, beta, static_cast<int>(col), zero_centered);
-}
-// The same, x loaded.
 template <int N, int W, class T, class P>
 __device__ __forceinline__ void load_y(float (&v)[N], const T* x, int64_t col, float mean, float rstd, const P* gamma,
                                        const P* beta, bool zero_centered) {
   load_pack<N>(x + col, v);
-  make_y<N, W>(v, col, mean, rstd, gamma, beta, zero_centered);
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] -= mean;
+  scale_shift_by<W>(v, rstd, gamma, beta, static_cast<int>(col), zero_centered);
 }
 
 // Threads per row of the gradient statistics: a thread per kRowPacks packs of
@@ -183,16 +177,10 @@ __device__ __forceinline__ void each_piece(int64_t start, int64_t H, const P* ga
 // RMSNorm: y = x * rstd * scale with rstd > 0 common to the row, so max |y| =
 // rstd * max |x * scale|, and one reduction a row takes both sums.
 // LayerNorm: y = (x - mean) * rstd * scale + beta needs the row's mean and
-// rstd first: the shifted sums (layer_shift), then max |y|, two reductions a
-// row. HOLD > 0 (rows of at most kThreads * HOLD packs): each thread keeps
-// its packs of the row, at most HOLD, in registers as loaded, all its loads
-// issued before the first is summed, and takes max |y| from them. Otherwise
-// the row is read again (L1 and L2 hits): there the per-tensor kernel
-// measures faster where the width is a multiple of a pack, and this kernel
-// takes only rows cut at their 16-byte boundaries (CUT).
-template <NormKind K, class T, class P, int VEC, bool CUT = false, int HOLD = 0>
+// rstd first: the shifted sums (layer_shift), then the row read again (L1
+// and L2 hits) for max |y|, two reductions a row.
+template <NormKind K, class T, class P, int VEC, bool CUT = false>
 __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
-  static_assert(HOLD == 0 || (K == NormKind::kLayer && !CUT), "x_amax: LayerNorm's whole packs are held");
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden;
   const auto [row, valid] = block_row(a);
@@ -226,23 +214,7 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
       load_pack<1>(x + c, v);
       return v[0];
     }, H) : 0.f;
-    constexpr int kHeld = HOLD > 0 ? HOLD : 1;
-    Pack<T, VEC> held[kHeld];
-    auto held_col = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
-    if constexpr (HOLD > 0) {
-#pragma unroll
-      for (int i = 0; i < HOLD; ++i) {
-        if (valid && held_col(i) < H) load_raw(x + held_col(i), held[i]);
-      }
-#pragma unroll
-      for (int i = 0; i < HOLD; ++i) {
-        if (valid && held_col(i) < H) {
-          float v[VEC];
-          unpack(held[i], v);
-          add_shifted_sums<2>(acc, v, shift);
-        }
-      }
-    } else if (valid) {
+    if (valid) {
       each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto, int64_t c) {
         float v[decltype(n)::value];
         load_pack<decltype(n)::value>(x + c, v);
@@ -253,17 +225,7 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
     const float2 mean_m2 = shifted_mean_m2(acc, shift, H);
     const float mean = mean_m2.x, rstd = rsqrtf(mean_m2.y / static_cast<float>(H) + a.eps);
     float m[1] = {0.f};
-    if constexpr (HOLD > 0) {
-#pragma unroll
-      for (int i = 0; i < HOLD; ++i) {
-        if (valid && held_col(i) < H) {
-          float v[VEC];
-          unpack(held[i], v);
-          make_y<VEC, VEC>(v, held_col(i), mean, rstd, gamma, beta, zc);
-          for (float y : v) m[0] = max_abs(m[0], y);
-        }
-      }
-    } else if (valid) {
+    if (valid) {
       each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
         float v[decltype(n)::value];
         load_y<decltype(n)::value, decltype(w)::value>(v, x, c, mean, rstd, gamma, beta, zc);
@@ -360,33 +322,16 @@ ffi::Error launch_grad_stats(cudaStream_t stream, const StatsArgs& a) {
   return check_launch("grad_stats");
 }
 
-// The most packs of its row a thread of LayerNorm's x_amax holds.
-constexpr int kAmaxHold = 8;
-
-bool amax_by_rows(const FwdArgs& a, NormKind kind, int elem_bytes) {
-  if (a.residual || a.given_stats || a.x_fp8) return false;
-  const int vec = 16 / elem_bytes;
-  const bool whole = a.shape.hidden % vec == 0;
-  const bool held = whole && aligned16(a.x) && params_aligned16(a) && a.shape.hidden / vec <= kThreads * kAmaxHold;
-  return kind == NormKind::kRms || !whole || held;
-}
-
 template <NormKind K, class T, class P>
 ffi::Error launch_fwd_amax(cudaStream_t stream, const FwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = a.shape.hidden % kVec == 0 && aligned16(a.x) && params_aligned16(a);
   const bool cut = !vec && aligned16(a.x);  // rows cut at their 16-byte boundaries
-  const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
-  int tpr = x_stats_threads(nvec, a.shape.rows);
-  constexpr bool kHold = K == NormKind::kLayer;  // LayerNorm's whole packs: held (amax_by_rows)
-  if (kHold && vec) {
-    if (nvec > kThreads * kAmaxHold) return ffi::Error::Internal("jax_rmsnorm: x_amax holds narrower rows");
-    tpr = std::max(tpr, pow2_ceil(ceil_div(nvec, kAmaxHold)));
-  }
   dim3 grid, block;
-  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kThreads, &grid, &block));
+  const int64_t nvec = a.shape.hidden / (vec || cut ? kVec : 1);
+  JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, x_stats_threads(nvec, a.shape.rows), kThreads, &grid, &block));
   if (vec) {
-    x_amax<K, T, P, kVec, false, kHold ? kAmaxHold : 0><<<grid, block, 0, stream>>>(a);
+    x_amax<K, T, P, kVec><<<grid, block, 0, stream>>>(a);
   } else if (cut) {
     x_amax<K, T, P, kVec, true><<<grid, block, 0, stream>>>(a);
   } else {
