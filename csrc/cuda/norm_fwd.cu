@@ -167,58 +167,6 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
   return ss;
 }
 
-// LayerNorm's mean and M2 (the sum of squared deviations from it) of a row
-// held by whole warps of one CTA (blockDim.x > 32), exact, with one barrier
-// where two row_sums take two: each warp takes its own count, mean and M2 by
-// shuffles, and the row's warps' triples, read from shared memory (kChanSmem
-// floats) by the lanes of every warp, are merged by a butterfly. The merge
-// of (n, m, M2) with (n', m', M2') is written symmetrically, mean (n m + n'
-// m') / (n + n'), M2 + M2' + (m - m')^2 n n' / (n + n'), so each pair of
-// lanes gets the same bits and so does every thread of the row.
-constexpr int kChanSmem = kMaxBlockWarps * 3;
-template <int ITEMS, int VEC>
-__device__ __forceinline__ float2 held_mean_m2(const float (&v)[ITEMS][VEC], const bool (&in)[ITEMS], float* smem) {
-  int held = 0;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) held += in[i] ? VEC : 0;
-  float sn[2] = {held_sum(v, 0.f), static_cast<float>(held)};
-  warp_sum<2>(sn, 32);
-  const float wn = sn[1], wm = wn > 0.f ? sn[0] / wn : 0.f;
-  float q[1] = {0.f};
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (in[i]) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) q[0] += (v[i][j] - wm) * (v[i][j] - wm);
-    }
-  }
-  warp_sum<1>(q, 32);
-  const int warps = static_cast<int>(blockDim.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  float* mine = smem + threadIdx.y * warps * 3;  // this row's warps
-  if (lane == 0) {
-    const int w = static_cast<int>(threadIdx.x) / 32;
-    mine[3 * w] = wn;
-    mine[3 * w + 1] = wm;
-    mine[3 * w + 2] = q[0];
-  }
-  __syncthreads();
-  float n = lane < warps ? mine[3 * lane] : 0.f, m = lane < warps ? mine[3 * lane + 1] : 0.f,
-        m2 = lane < warps ? mine[3 * lane + 2] : 0.f;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float on = __shfl_xor_sync(0xffffffffu, n, off), om = __shfl_xor_sync(0xffffffffu, m, off),
-                om2 = __shfl_xor_sync(0xffffffffu, m2, off);
-    const float tn = n + on;
-    if (tn > 0.f) {
-      const float d = m - om;
-      m2 = (m2 + om2) + d * d * (n * on / tn);
-      m = (n * m + on * om) / tn;
-    }
-    n = tn;
-  }
-  return make_float2(m, m2);
-}
-
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
 __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
                                   Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster_arg) {
@@ -289,35 +237,24 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       if (in[i]) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + column(i), v[i]);
     }
   }
+  // LayerNorm: two exact passes over the held row, two reductions. Tried on
+  // an H200 (RESULTS.md 6ze) and not kept: each warp's count, mean and M2 by
+  // shuffles, merged across warps by a butterfly with one barrier; bf16
+  // ln_fwd 32768x4096 155.2 -> 184.8 us, 16384x8192 161.3 -> 177.5,
+  // 8192x16384 177.2 -> 181.8 (same-call A/B).
+  float sum[1] = {held_sum(v, 0.f)};
   float mean = 0.f;
-  float ss[1];
-  // LayerNorm's row over whole warps of one CTA: mean and M2 with one barrier
-  // (held_mean_m2).
-  const bool chan = K == NormKind::kLayer && cluster == 1 && blockDim.x > 32 && !a.given_stats;
-  if (chan) {
-    __shared__ float chan_smem[kChanSmem];
-    const float2 mm2 = held_mean_m2(v, in, chan_smem);
-    mean = mm2.x;
-    ss[0] = mm2.y;
-#pragma unroll
-    for (int i = 0; i < kRegItems; ++i) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] -= mean;
-    }
-  } else {
-    float sum[1] = {held_sum(v, 0.f)};
-    if constexpr (K == NormKind::kLayer) {
-      row_sum<1>(sum, smem);
-      if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
-      mean = sum[0] / static_cast<float>(H);
-      if (a.given_stats && valid) mean = a.mean[row];
-    }
-    ss[0] = center_held(v, in, mean);
-    row_sum<1>(ss, smem);
-    if (cluster > 1) {
-      cluster_sum<1>(ss, xchg, 1);
-      if (Q != Quant::kRow) cluster_done();
-    }
+  if constexpr (K == NormKind::kLayer) {
+    row_sum<1>(sum, smem);
+    if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
+    mean = sum[0] / static_cast<float>(H);
+    if (a.given_stats && valid) mean = a.mean[row];
+  }
+  float ss[1] = {center_held(v, in, mean)};
+  row_sum<1>(ss, smem);
+  if (cluster > 1) {
+    cluster_sum<1>(ss, xchg, 1);
+    if (Q != Quant::kRow) cluster_done();
   }
   const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
   if (Q == Quant::kNone && !valid) return;
