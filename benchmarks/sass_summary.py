@@ -4,6 +4,18 @@ its instructions on:
 
     cuobjdump -sass $(python3 -c "import jax_rmsnorm._jax_rmsnorm_cuda as m; print(m.__file__)") \
         | python3 benchmarks/sass_summary.py fwd_regs bwd_slices
+
+Without a GPU, one source file's kernels can be read from a cubin that nvcc
+builds alone (flags as CMakeLists.txt gives them; JAX's FFI headers from jaxlib):
+
+    nvcc -std=c++20 -O3 --expt-relaxed-constexpr -DNDEBUG -arch=sm_90 -cubin -Xptxas -v \
+        -isystem $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/include \
+        -I csrc -I csrc/cuda csrc/cuda/norm_fwd.cu -o norm_fwd.cubin
+    cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py fwd_regs
+
+Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump
+runs), the PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm hold
+both (13.2 read nvcc 13.0's sm_90 cubins); put their bin/ folder on PATH.
 """
 
 from __future__ import annotations
