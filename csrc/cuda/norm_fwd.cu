@@ -2156,12 +2156,12 @@ __global__ void amax_to_scale_inv(float* amax, int64_t tensors, Fp8 fmt, float u
 // per-tensor kernel, ln_fp8_current_t 1024 347.9 -> 372.6, 4096 353.5 ->
 // 358.4, 16384 349.8 -> 365.5, 65536 372.5 -> 394.7; with the row held in
 // registers instead of read twice (up to 8 packs a thread, 73-77 registers,
-// rows of up to 2048 packs), slower still: ln_fp8_current 1024 254.3 ->
-// 312.8, 4096 254.5 -> 274.3, 8192 255.6 -> 275.1, 16384 253.0 -> 279.4
-// (RESULTS.md 6ze; not kept). At 10919x12290 its measuring pass took 137.5
-// us in x_amax (Nsight Compute), about 110 less than in fwd_unaligned:
-// ln_fp8_current 516.7 -> 405.8, then 263.1 with
-// x_quantize too (ln_fp8_current_t 675.3 -> 430.9). x_quantize against the
+// rows of up to 2048 packs), against the same per-tensor kernel, also
+// slower: ln_fp8_current 1024 254.3 -> 312.8, 4096 254.5 -> 274.3, 8192
+// 255.6 -> 275.1, 16384 253.0 -> 279.4 (RESULTS.md 6ze; not kept). At
+// 10919x12290 its measuring pass took 137.5 us in x_amax (Nsight Compute),
+// about 110 less than in fwd_unaligned: ln_fp8_current 516.7 -> 405.8, then
+// 263.1 with x_quantize too (ln_fp8_current_t 675.3 -> 430.9). x_quantize against the
 // per-tensor kernel's second pass: rms_fp8_current 10919x12290 264.5 ->
 // 194.5, 32700x4104 208.1 -> 189.7; ln_fp8_current (measured by the
 // per-tensor kernel) 1024 280.2 -> 254.6, 4096 286.8 -> 257.0, 65536 325.9 ->
