@@ -264,31 +264,58 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   float m = 0.f;  // max |y| of this thread's columns
   if (Q == Quant::kTensor && a.scale_inverted && valid && !a.no_output) tensor_scale = 1.f / tensor_scale;
+  // `plain`: gamma (and LayerNorm's beta) given and not zero-centred, with
+  // nothing left to decide a pack: v * rstd * g (+ b in the same fma). The
+  // general case pays for the others in every pack (placeholder ones for a
+  // missing gamma, predicated zero-centred adds, beta's add apart): 85 SASS
+  // instructions a LayerNorm bf16 pack against 54 here, 80 against 43 for
+  // RMSNorm (RESULTS.md 1o).
+  auto apply = [&](auto plain) {
 #pragma unroll
-  for (int i = 0; i < kRegItems; ++i) {
-    const int col = column(i);
-    if (in[i]) {
-      if constexpr (EARLY) {
-        // Copies: passing &pg[i] itself put pg/pb in local memory (stack frames
-        // of up to 256 bytes in the ptxas report).
-        const Pack<P, VEC> g = pg[i], b = pb[i];
-        scale_shift_packs<VEC>(v[i], 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+    for (int i = 0; i < kRegItems; ++i) {
+      const int col = column(i);
+      if (in[i]) {
+        if constexpr (decltype(plain)::value) {
+          float g[VEC];
+          load_pack<VEC>(gamma + col, g);
+          if constexpr (K == NormKind::kLayer) {
+            float b[VEC];
+            load_pack<VEC>(beta + col, b);
+            scale_shift_plain<false>(v[i], 0.f, rstd, g, b);  // the mean is already off
+          } else {
+            scale_plain(v[i], rstd, g);
+          }
+        } else if constexpr (EARLY) {
+          // Copies: passing &pg[i] itself put pg/pb in local memory (stack frames
+          // of up to 256 bytes in the ptxas report).
+          const Pack<P, VEC> g = pg[i], b = pb[i];
+          scale_shift_packs<VEC>(v[i], 0.f, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+        } else {
+          scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
+        }
+        if constexpr (Q == Quant::kNone) {
+          store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
+        } else if constexpr (Q == Quant::kTensor) {
+          if (!a.no_output) store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+        }
       } else {
-        scale_shift<VEC>(v[i], 0.f, rstd, gamma, beta, col, a.zero_centered);  // the mean is already off
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
       }
-      if constexpr (Q == Quant::kNone) {
-        store_pack<VEC>(static_cast<T*>(a.y) + row * H + col, v[i]);
-      } else if constexpr (Q == Quant::kTensor) {
-        if (!a.no_output) store_q<VEC>(a, row * H + col, v[i], tensor_scale);
+      if constexpr (Q != Quant::kNone) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) m = max_abs(m, v[i][j]);
       }
+    }
+  };
+  if constexpr (!EARLY && Q == Quant::kNone) {  // the plain outputs of many rows
+    if (plain_params<K>(gamma, beta, a.zero_centered)) {
+      apply(std::true_type{});
     } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = 0.f;
+      apply(std::false_type{});
     }
-    if constexpr (Q != Quant::kNone) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) m = max_abs(m, v[i][j]);
-    }
+  } else {
+    apply(std::false_type{});
   }
   if constexpr (Q == Quant::kTensor) {
     if (a.amax) merge_amax(a, row, m, amax_seen);
@@ -1291,14 +1318,20 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         read(st, i, v);
         if constexpr (decltype(plain)::value) {
           float g[VEC];
-          if constexpr (STAGED_PARAMS) {
+          if constexpr (ONE_CTA) {
+            const Pack<P, VEC> gp = held_gamma[i];  // by value: no address taken of the array
+            unpack(gp, g);
+          } else if constexpr (STAGED_PARAMS) {
             unpack(sparams[pack(i)], g);
           } else {
             load_pack<VEC>(gamma + first + local(i), g);
           }
           if constexpr (K == NormKind::kLayer) {
             float b[VEC];
-            if constexpr (STAGED_PARAMS) {
+            if constexpr (ONE_CTA) {
+              const Pack<P, VEC> bp = held_beta[i];
+              unpack(bp, b);
+            } else if constexpr (STAGED_PARAMS) {
               unpack(sparams[packs + pack(i)], b);
             } else {
               load_pack<VEC>(beta + first + local(i), b);
@@ -1409,9 +1442,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         }
       }
     };
-    if constexpr (ONE_CTA) {  // its parameters are held packs: the general path alone
-      emit_row(std::false_type{});
-    } else if (plain_params<K>(gamma, beta, a.zero_centered)) {  // the held pointers
+    if (plain_params<K>(gamma, beta, a.zero_centered)) {  // the held pointers
       emit_row(std::true_type{});
     } else {
       emit_row(std::false_type{});
