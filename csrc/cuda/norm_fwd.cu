@@ -269,7 +269,13 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   // general case pays for the others in every pack (placeholder ones for a
   // missing gamma, predicated zero-centred adds, beta's add apart): 85 SASS
   // instructions a LayerNorm bf16 pack against 54 here, 80 against 43 for
-  // RMSNorm (RESULTS.md 1o).
+  // RMSNorm. Same-call A/B on an H200, bf16, us, one loop -> two (RESULTS.md
+  // 1q): LayerNorm 131072x1024 145.5 -> 140.1, 32768x4096 157.3 -> 147.9,
+  // 16384x8192 162.5 -> 150.9, 8192x16384 177.2 -> 163.2; RMSNorm level or
+  // faster (138.4 -> 138.1 ... 146.1 -> 142.2). Not for the FP8 outputs:
+  // this kernel takes LayerNorm's only below kSliceOneCtaMinVecs packs (1024
+  // bf16 elements), and with the loop their instances spilled up to 28 bytes
+  // more (a build tried and measured, RESULTS.md 1q); RMSNorm's spilled 24-84.
   auto apply = [&](auto plain) {
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
@@ -1306,7 +1312,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     // 2048x65536 LayerNorm 297.4 / 291.4 -> 260.7 / 257.9, RMSNorm 177.1 /
     // 172.4 -> 173.7 / 167.8; 512x262144 LayerNorm 329.3 / 331.8 -> 293.1 /
     // 291.5; per tensor (RMSNorm) 157.4 / 155.5 -> 144.2 / 147.1; per group
-    // 173.1 / 175.5 -> 164.2 / 165.1 (RMSNorm, 2048x65536).
+    // 173.1 / 175.5 -> 164.2 / 165.1 (RMSNorm, 2048x65536). The one-CTA
+    // instances (held parameters) too, since 51e5d7e: same-call A/B on an
+    // H200, LayerNorm bf16, us, per tensor 131072x1024 146.5 -> 132.0,
+    // 32768x4096 151.1 -> 137.8, 8192x16384 149.6 -> 133.2; per row 178.5 ->
+    // 164.0, 179.6 -> 170.8, 160.3 -> 159.0 (RESULTS.md 1q). Their bf16
+    // instances spill 4-16 bytes more, loaded and stored once a row.
     auto emit_row = [&](auto plain) {
       // y of pack i (zeros past the row's end).
       auto y_of = [&](int i, float (&v)[VEC]) {
