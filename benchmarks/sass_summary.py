@@ -16,6 +16,14 @@ builds alone (flags as CMakeLists.txt gives them; JAX's FFI headers from jaxlib)
 Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump
 runs), the PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm hold
 both (13.2 read nvcc 13.0's sm_90 cubins); put their bin/ folder on PATH.
+
+With --waits, it lists instead, for each kernel, the global loads whose value
+an instruction uses before the kernel's first wide (64- or 128-bit) global
+load or bulk copy is issued: there each warp waits a memory round trip before
+its data loads go out (a scale or a statistic loaded first and spilled,
+inverted or moved to a uniform register). Kernels that must read a value
+first (a row's shift, say) show up too; it is a list to read, not a verdict:
+    cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py --waits fwd_
 """
 
 from __future__ import annotations
@@ -34,24 +42,62 @@ def demangle(names):
         return names
 
 
+WIDE_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LDG\.E\.(?:64|128)|LDGSTS|UBLKCP)")
+GLOBAL_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\S*\s+(R\d+)")
+
+
+def early_waits(code):
+    """(load index, use index, use) for each global load used before the first wide load."""
+    first = next((i for i, ins in enumerate(code) if WIDE_LOAD.match(ins)), None)
+    if first is None:
+        return []
+    pending, waits = {}, []
+    for i, ins in enumerate(code[:first]):
+        m = GLOBAL_LOAD.match(ins)
+        if m:
+            pending[m.group(1)] = i
+            continue
+        op, _, args = ins.partition(" ")
+        ops = [a.strip() for a in args.split(",")]
+        # A store's first operand is its address; other instructions write their first.
+        sources = ops if op.startswith("ST") else ops[1:]
+        for reg, at in list(pending.items()):
+            if any(re.search(rf"\b{reg}\b", a) for a in sources):
+                waits.append((at, i, ins))
+                del pending[reg]
+        if not op.startswith(("ST", "BRA", "ISETP")) and ops and ops[0] in pending:
+            del pending[ops[0]]  # overwritten before any use
+    return waits
+
+
 def main():
-    pats = sys.argv[1:]
+    args = sys.argv[1:]
+    waits = "--waits" in args
+    pats = [a for a in args if a != "--waits"]
     funcs, cur = {}, None
     for line in sys.stdin:
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
             cur = m.group(1)
-            funcs[cur] = collections.Counter()
+            funcs[cur] = []
             continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
         if cur and m:
-            funcs[cur][m.group(1).split(".")[0]] += 1
+            funcs[cur].append(m.group(1))
     names = list(funcs)
     for name, pretty in zip(names, demangle(names)):
         if pats and not any(p in pretty for p in pats):
             continue
-        c = funcs[name]
-        print(f"{sum(c.values()):6d}  {pretty[:150]}")
+        code = funcs[name]
+        if waits:
+            found = early_waits(code)
+            if found:
+                print(pretty[:150])
+                for at, use, ins in found:
+                    print(f"        load at {at}, used at {use}: {ins[:60]}")
+            continue
+        c = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split(" ")[0].split(".")[0] for ins in code)
+        print(f"{len(code):6d}  {pretty[:150]}")
         print("        " + " ".join(f"{k}:{v}" for k, v in c.most_common(18)))
 
 

@@ -103,3 +103,35 @@ def test_ncu_times(tmp_path):
                      "--kernels", "fwd_decode", "--per-call", "2")
     assert "| ln_fwd 16x4096 | 9.00 | (16,4,1) + (16,4,1) | 12.00 9.00 9.00 4.75 | fwd_decode + fwd_decode |" \
         in two, two
+
+
+SASS = """
+        code for sm_90
+                Function : _Z6kernelPf
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R4, desc[UR8][R6.64] ;
+        /*0020*/                   LDG.E.STRONG.SYS R5, desc[UR8][R6.64] ;
+        /*0030*/                   MOV R5, RZ ;
+        /*0040*/                   STL [R1], R4 ;
+        /*0050*/              @P0 LDG.E.128.CONSTANT R16, desc[UR8][R16.64] ;
+        /*0060*/                   FMUL R17, R16, R4 ;
+        /*0070*/                   EXIT ;
+                Function : _Z5otherPf
+        /*0000*/              @P0 LDG.E.128.CONSTANT R16, desc[UR8][R16.64] ;
+        /*0010*/                   LDG.E R4, desc[UR8][R6.64] ;
+        /*0020*/                   FMUL R17, R16, R4 ;
+        /*0030*/                   EXIT ;
+"""
+
+
+def test_sass_summary_waits():
+    # The spilled load (STL of R4) is used before the 128-bit load; R5 is
+    # overwritten unused; the second kernel issues its wide load first.
+    script = BENCH.parent / "sass_summary.py"
+    out = subprocess.run([sys.executable, str(script), "--waits"], input=SASS, capture_output=True, text=True,
+                         check=True).stdout
+    assert "load at 1, used at 4: STL [R1], R4" in out, out
+    assert "R5" not in out and "other" not in out, out
+    counts = subprocess.run([sys.executable, str(script), "kernel"], input=SASS, capture_output=True, text=True,
+                            check=True).stdout
+    assert counts.split()[0] == "8" and "LDG:3" in counts, counts
