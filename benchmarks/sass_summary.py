@@ -42,8 +42,9 @@ def demangle(names):
         return names
 
 
-WIDE_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?(?:LDG\.E\.(?:64|128)|LDGSTS|UBLKCP)")
-GLOBAL_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\S*\s+(R\d+)")
+PREDICATE = r"(?:@!?U?P\w+\s+)?"  # an instruction's guard, if any
+WIDE_LOAD = re.compile("^" + PREDICATE + r"(?:LDG\.E\.(?:64|128)|LDGSTS|UBLKCP)")
+GLOBAL_LOAD = re.compile("^" + PREDICATE + r"LDG\S*\s+(R\d+)")
 
 
 def early_waits(code):
@@ -96,7 +97,7 @@ def main():
                 for at, use, ins in found:
                     print(f"        load at {at}, used at {use}: {ins[:60]}")
             continue
-        c = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split(" ")[0].split(".")[0] for ins in code)
+        c = collections.Counter(re.sub("^" + PREDICATE, "", ins).split(" ")[0].split(".")[0] for ins in code)
         print(f"{len(code):6d}  {pretty[:150]}")
         print("        " + " ".join(f"{k}:{v}" for k, v in c.most_common(18)))
 

@@ -409,6 +409,20 @@ def _check_fp8_outputs(kind, quant, x, gamma, beta, outs, fmt, what, scale=None,
     assert_fp8_close(q, np.clip(y / s, -m, m), fmt, what + " q", y_error(y) / s)
 
 
+def _check_fp8_vmapped(kind, quant, xs, gamma, beta, platform, what, scales=None):
+    """The per-tensor ("tensor", with `scales` one a tensor) or current-scaling FP8 forward under vmap over
+    xs' first axis (one amax or scale_inv a tensor), each tensor against the float64 reference."""
+    f = _fp8_fn(kind, quant, out_dtype=E4M3)
+    g_, b_ = put(platform, gamma, beta)
+    if scales is None:
+        got = jax.jit(jax.vmap(lambda x: f(x, g_, b_)))(put(platform, xs)[0])
+    else:
+        got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
+    for i in range(xs.shape[0]):
+        _check_fp8_outputs(kind, quant, np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
+                           f"{what} vmapped tensor {i}", scale=None if scales is None else scales[i])
+
+
 # The FP8 outputs with parameters other than gamma (and LayerNorm's beta) as
 # given: the wide-row kernel (fwd_slices) has a loop of its own for that common
 # case and takes these through the general one. float32 gamma for bf16 x,
@@ -489,13 +503,8 @@ def test_fp8_current_unaligned_vmapped(kind, hidden, platform):
     xs = random(key, (3, 5, hidden), jnp.bfloat16, scale=2.0, offset=0.5) * jnp.array([0.5, 4.0, 1.0])[:, None, None]
     xs = xs.astype(jnp.bfloat16)
     gamma, beta = _params(kind, hidden, jnp.bfloat16, key)
-    f = _fp8_fn(kind, "current", out_dtype=E4M3)
-    g_, b_ = put(platform, gamma, beta)
     poison(platform, 8 * xs.size + 1024)
-    got = jax.jit(jax.vmap(lambda x: f(x, g_, b_)))(put(platform, xs)[0])
-    for i in range(3):
-        _check_fp8_outputs(kind, "current", np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
-                           f"{kind} {hidden} vmapped tensor {i}")
+    _check_fp8_vmapped(kind, "current", xs, gamma, beta, platform, f"{kind} {hidden}")
 
 
 # More rows than the GPU's persistent slots: the FP8 forward walks several
@@ -524,15 +533,8 @@ def test_fp8_many_rows(kind, quant, shape, platform):
         n = 1000 * 4096 // shape[-1]
         xs = random(key + 1, (3, n, shape[-1]), jnp.bfloat16, scale=2.0) * jnp.array([0.5, 4.0, 1.0])[:, None, None]
         xs = xs.astype(jnp.bfloat16)
-        scales = np.array([300.0, 20.0, 90.0], np.float32)
-        g_, b_ = put(platform, gamma, beta)
-        if quant == "tensor":
-            got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
-        else:
-            got = jax.jit(jax.vmap(lambda x: f(x, g_, b_)))(put(platform, xs)[0])
-        for i in range(3):
-            _check_fp8_outputs(kind, quant, np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
-                               f"{what} vmapped tensor {i}", scale=scales[i])
+        scales = np.array([300.0, 20.0, 90.0], np.float32) if quant == "tensor" else None
+        _check_fp8_vmapped(kind, quant, xs, gamma, beta, platform, what, scales)
 
 
 # Per-tensor FP8 under vmap at narrow widths, where a GPU CTA takes several
@@ -549,13 +551,8 @@ def test_fp8_tensor_vmapped_rows(kind, dtype, shape, platform):
     xs = (random(key, shape, jnp.float32, scale=2.0, offset=0.5) * mags).astype(dtype)
     gamma, beta = _params(kind, shape[-1], dtype, key)
     scales = np.array([300.0, 20.0, 90.0, 45.0][: shape[0]], np.float32)
-    f = _fp8_fn(kind, "tensor", out_dtype=E4M3)
-    g_, b_ = put(platform, gamma, beta)
     poison(platform, 8 * xs.size + 1024)
-    got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
-    for i in range(shape[0]):
-        _check_fp8_outputs(kind, "tensor", np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
-                           f"{kind} {dname(dtype)} {shape} vmapped tensor {i}", scale=scales[i])
+    _check_fp8_vmapped(kind, "tensor", xs, gamma, beta, platform, f"{kind} {dname(dtype)} {shape}", scales)
 
 
 # 16384: on the GPU, RMSNorm's per-group kernel changes there (fwd_slices, a
