@@ -628,16 +628,31 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
     };
     prefetch(slot, 0);
+    // The row's statistics are loaded a row ahead, as its x and dy are: loaded
+    // after the stage's wait, every warp of the CTA (one an SM) waited a
+    // memory round trip a row for them before its first sum. Same-call A/B
+    // on an H200, bf16, us, before -> after (this change alone): RMSNorm
+    // 32768x4096 228.2 -> 213.6, 16384x8192 239.3 -> 224.0, 8192x16384 233.2
+    // -> 210.9, 512x262144 241.1 -> 229.5; LayerNorm 16384x8192 277.0 ->
+    // 266.1, 2048x65536 252.5 -> 258.0 (RESULTS.md 1r).
+    float rstd_next = 0.f, mean_next = 0.f;
+    auto load_stats = [&](int64_t r) {
+      if (r < rpg) {
+        rstd_next = a.rstd[row0 + r];
+        if constexpr (K == NormKind::kLayer) mean_next = a.mean[row0 + r];
+      }
+    };
+    load_stats(slot);
     int st = 0;
     for (int64_t r = slot; r < rpg; r += l.used, st ^= 1) {
       if constexpr (EARLY) {
         __syncthreads();  // every thread is done with the previous row's stage
         prefetch(r + l.used, st ^ 1);
       }
+      const float rstd = rstd_next, mean = mean_next;
+      load_stats(r + l.used);
       if (slice_bytes > 0) ring.wait(st);
       const int64_t row = row0 + r;
-      const float rstd = a.rstd[row];
-      const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
       // The residual's gradient for this row, loaded now so that it arrives
       // during the row reduction rather than between the stores of dx.
       Vec dhr[kSliceItems];
@@ -686,14 +701,27 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
     }
   };
-  // Only for slices of a cluster (hidden > kSliceVecs packs). Same-call A/B
-  // on an H100, bf16, us: at 2048x65536 LayerNorm's backward 357-360 -> 344-346
-  // and RMSNorm's 343-346 -> 333-335 (512x262144: 389-393 -> 372-374 and
-  // 364-365 -> 353); ungated, at 8192x16384 (one CTA a row, fold 4) it lost
-  // 3-5% (RMSNorm 299-300 -> 308-314, LayerNorm 304-308 -> 319-321), a loss
-  // not explained by the SASS (fewer instructions, no stack on this path).
-  if (gamma != nullptr && !a.zero_centered && cluster > 1) {
-    walk_rows(std::true_type{});
+  // The common case's walk. Slices of a cluster (hidden > kSliceVecs packs),
+  // same-call A/B on an H100, bf16, us: at 2048x65536 LayerNorm's backward
+  // 357-360 -> 344-346 and RMSNorm's 343-346 -> 333-335 (512x262144: 389-393
+  // -> 372-374 and 364-365 -> 353).
+  // One CTA a row takes it too, as an instance of its own. The trial that
+  // compiled one walk for both (cluster a runtime value in it) lost 5% in
+  // clusters on an H200 (LayerNorm 2048x65536 252.5 -> 266.4, 512x262144
+  // 274.4 -> 286.2) and gained one CTA a row: same-call A/B, bf16, us,
+  // LayerNorm 32768x4096 264.2 -> 249.9, 16384x8192 277.0 -> 265.7,
+  // 8192x16384 275.7 -> 251.1; RMSNorm 228.2 -> 220.8, 239.3 -> 235.7, 233.2
+  // -> 215.9 (on an H100, at 8192x16384, it had lost 3-5%: RMSNorm 299-300
+  // -> 308-314). Both changes here against neither, same call: LayerNorm
+  // 131072x1024 268.0 -> 218.2, 32768x4096 271.0 -> 222.2, 8192x16384 273.3
+  // -> 245.6; RMSNorm 131072x1024 215.8 -> 227.3 (a loss), 16384x8192 238.8
+  // -> 215.9; clusters: LayerNorm 2048x65536 252.6 -> 260.9 (RESULTS.md 1r).
+  if (gamma != nullptr && !a.zero_centered) {
+    if (cluster > 1) {
+      walk_rows(std::true_type{});
+    } else {
+      walk_rows(std::true_type{});  // the same walk, compiled where cluster == 1
+    }
   } else {
     walk_rows(std::false_type{});
   }
