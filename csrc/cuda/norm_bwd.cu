@@ -635,6 +635,14 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
     // 32768x4096 228.2 -> 213.6, 16384x8192 239.3 -> 224.0, 8192x16384 233.2
     // -> 210.9, 512x262144 241.1 -> 229.5; LayerNorm 16384x8192 277.0 ->
     // 266.1, 2048x65536 252.5 -> 258.0 (RESULTS.md 1r).
+    // Not RMSNorm's rows of at most 1024 columns a CTA (one warp in 16-bit,
+    // two in float32): they load them after the wait, as before. Same-call
+    // A/B on an H200, us, ahead -> after the wait, in two calls: bf16
+    // 131072x1024 220.3 -> 210.1 and 223.7 -> 215.3, float32 417.6 -> 398.6
+    // and 419.6 -> 401.5; bf16 65536x2048 (two warps) lost 1-3% (211.9 ->
+    // 214.6, 216.8 -> 223.4), so it loads ahead; LayerNorm at 1024 level
+    // (RESULTS.md 1s).
+    const bool ahead = K == NormKind::kLayer || static_cast<int>(blockDim.x) * VEC * kSliceItems > 1024;
     float rstd_next = 0.f, mean_next = 0.f;
     auto load_stats = [&](int64_t r) {
       if (r < rpg) {
@@ -642,16 +650,21 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
         if constexpr (K == NormKind::kLayer) mean_next = a.mean[row0 + r];
       }
     };
-    load_stats(slot);
+    if (ahead) load_stats(slot);
     int st = 0;
     for (int64_t r = slot; r < rpg; r += l.used, st ^= 1) {
       if constexpr (EARLY) {
         __syncthreads();  // every thread is done with the previous row's stage
         prefetch(r + l.used, st ^ 1);
       }
-      const float rstd = rstd_next, mean = mean_next;
-      load_stats(r + l.used);
+      float rstd = rstd_next, mean = mean_next;
+      if (ahead) load_stats(r + l.used);
       if (slice_bytes > 0) ring.wait(st);
+      if (!ahead) {
+        load_stats(r);
+        rstd = rstd_next;
+        mean = mean_next;
+      }
       const int64_t row = row0 + r;
       // The residual's gradient for this row, loaded now so that it arrives
       // during the row reduction rather than between the stores of dx.
