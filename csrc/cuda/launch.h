@@ -1,6 +1,6 @@
 // The CUDA launchers, as the FFI handlers see them. Implemented in
-// norm_fwd.cu / norm_bwd.cu / norm_stats.cu and instantiated there for every supported
-// (normalization, element type, parameter type).
+// norm_fwd.cuh (instantiated in norm_fwd_rms.cu and norm_fwd_layer.cu) / norm_bwd.cu /
+// norm_stats.cu for every supported (normalization, element type, parameter type).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,17 +43,21 @@ bool quantize_tiles_fit(const FwdArgs& a);
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
 
-// Applies MACRO(K, T, P) to every instantiated combination.
-#define JRN_FOR_EACH_INSTANCE(MACRO)                                       \
+// Apply MACRO(K, T, P) to every instantiated combination: RMSNorm's, LayerNorm's, or both.
+#define JRN_FOR_EACH_RMS_INSTANCE(MACRO)                                   \
   MACRO(::jrn::NormKind::kRms, float, float)                               \
   MACRO(::jrn::NormKind::kRms, __nv_bfloat16, __nv_bfloat16)               \
   MACRO(::jrn::NormKind::kRms, __nv_bfloat16, float)                       \
   MACRO(::jrn::NormKind::kRms, __half, __half)                             \
-  MACRO(::jrn::NormKind::kRms, __half, float)                              \
+  MACRO(::jrn::NormKind::kRms, __half, float)
+#define JRN_FOR_EACH_LAYER_INSTANCE(MACRO)                                 \
   MACRO(::jrn::NormKind::kLayer, float, float)                             \
   MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, __nv_bfloat16)             \
   MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, float)                     \
   MACRO(::jrn::NormKind::kLayer, __half, __half)                           \
   MACRO(::jrn::NormKind::kLayer, __half, float)
+#define JRN_FOR_EACH_INSTANCE(MACRO) \
+  JRN_FOR_EACH_RMS_INSTANCE(MACRO)   \
+  JRN_FOR_EACH_LAYER_INSTANCE(MACRO)
 
 }  // namespace jrn::cuda

@@ -38,6 +38,12 @@
 //
 // With `given_stats` (the hidden dim split across devices) both take mean and
 // rstd from their inputs instead of the row and write only y.
+//
+// This header is the forward's code; norm_fwd_rms.cu and norm_fwd_layer.cu
+// instantiate launch_fwd for RMSNorm and LayerNorm, two translation units
+// that compile in parallel (the forward's kernels are most of the build).
+#pragma once
+
 #include "device_utils.cuh"
 #include "launch.h"
 
@@ -2257,8 +2263,8 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
   return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
 }
 
+}  // namespace jrn::cuda
+
+// Used inside namespace jrn::cuda by norm_fwd_rms.cu and norm_fwd_layer.cu.
 #define JRN_INSTANTIATE_FWD(K, T, P) \
   template ffi::Error launch_fwd<K, T, P>(cudaStream_t, const FwdArgs&);
-JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_FWD)
-
-}  // namespace jrn::cuda
