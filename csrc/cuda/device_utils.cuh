@@ -607,28 +607,36 @@ __device__ __forceinline__ RowCut cut_row(int64_t start, int64_t hidden) {
 }
 
 // The backward's row sums over a pack of VEC columns, x, dy and the scales
-// as floats: acc[0] += sum(g * xhat) and, with two sums, acc[1] += sum(g),
-// where g = dy * scale and xhat = (x - mean) * rstd.
+// as floats: acc[0] += sum(g * (x - mean)) and, with two sums, acc[1] +=
+// sum(g), where g = dy * scale. acc[0] is not yet multiplied by rstd: the
+// caller does that once a row (grad_sums_scaled), one multiply a column
+// fewer.
 template <int VEC, int SUMS>
 __device__ __forceinline__ void add_grad_sums_of(float (&acc)[SUMS], const float (&xv)[VEC], const float (&d)[VEC],
-                                                 const float (&s)[VEC], float mean, float rstd) {
+                                                 const float (&s)[VEC], float mean) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float g = d[j] * s[j];
-    acc[0] += g * (xv[j] - mean) * rstd;
+    acc[0] += g * (xv[j] - mean);
     if constexpr (SUMS == 2) acc[1] += g;
   }
+}
+
+// A thread's sums of add_grad_sums_of as sum(g * xhat): acc[0] times rstd.
+template <int SUMS>
+__device__ __forceinline__ void grad_sums_scaled(float (&acc)[SUMS], float rstd) {
+  acc[0] *= rstd;
 }
 
 // The same over the VEC columns from `col` of x and dy (the row's).
 template <int VEC, int SUMS, class T, class P>
 __device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, const T* dy, const P* gamma,
-                                              int64_t col, bool zero_centered, float mean, float rstd) {
+                                              int64_t col, bool zero_centered, float mean) {
   float xv[VEC], d[VEC], s[VEC];
   load_pack<VEC>(x + col, xv);
   load_pack<VEC>(dy + col, d);
   load_scale<VEC>(gamma, col, zero_centered, s);
-  add_grad_sums_of<VEC>(acc, xv, d, s, mean, rstd);
+  add_grad_sums_of<VEC>(acc, xv, d, s, mean);
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

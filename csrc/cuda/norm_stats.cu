@@ -136,7 +136,8 @@ __global__ void __launch_bounds__(kThreads) grad_stats(StatsArgs a) {
   constexpr int kSums = grad_sums_per_row(K);  // RMSNorm: sum(gdy * xhat) alone
   float acc[kSums] = {};
   for (int64_t p = threadIdx.x; valid && p < nvec; p += blockDim.x)
-    add_grad_sums<VEC>(acc, x, dy, gamma, p * VEC, a.zero_centered, mean, rstd);
+    add_grad_sums<VEC>(acc, x, dy, gamma, p * VEC, a.zero_centered, mean);
+  grad_sums_scaled(acc, rstd);
   row_sum_lead<kSums>(acc, smem);
   if (valid && threadIdx.x == 0) {
 #pragma unroll
