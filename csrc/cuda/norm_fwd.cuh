@@ -136,8 +136,33 @@ __device__ __forceinline__ void load_x(const FwdArgs& a, int64_t row, int col, f
 // two-pass residual add + per-tensor FP8, 2048x65536 442.6 / 442.3 ->
 // 441.2 / 438.2 us; the hidden-slice apply, 8192x16384, 469.8 / 469.4 ->
 // 467.5 / 468.9).
-__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row, float m, float seen) {
+//
+// CTAs of several rows (blockDim.y > 1), all of one tensor, merge over the
+// CTA first (a barrier, then one atomic from thread 0): with one atomic a
+// row, narrow rows send one to amax's address per row, 131072 at 1024 wide.
+// Same-call A/B on an H200, bf16, us, two rounds: rms_fp8 131072x1024
+// 145.3 / 144.6 -> 140.9 / 142.0, the other per-tensor cells level (RESULTS.md
+// 1t): 2-3%, so the atomics are not that kernel's main cost. Every thread of the CTA
+// must call this (no thread has returned); `smem`, kRowSumSmem floats free
+// for it, or null for CTAs of one row.
+__device__ __forceinline__ void merge_amax(const FwdArgs& a, int64_t row, float m, float seen,
+                                           float* smem = nullptr) {
   float mm[1] = {m};
+  const int threads = static_cast<int>(blockDim.x * blockDim.y);
+  const int64_t first = row - threadIdx.y;  // the CTA's first row (valid)
+  const int64_t last = std::min<int64_t>(first + blockDim.y, a.shape.rows) - 1;
+  if (smem != nullptr && blockDim.y > 1 && threads % 32 == 0 && a.tensor_of(first) == a.tensor_of(last)) {  // uniform over the CTA
+    const int t = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+    warp_sum<1>(mm, 32, AbsMaxOp{});
+    if (t % 32 == 0) smem[t / 32] = mm[0];
+    __syncthreads();
+    if (t < 32) {
+      mm[0] = t < threads / 32 ? smem[t] : 0.f;
+      warp_sum<1>(mm, 32, AbsMaxOp{});
+      if (t == 0) atomic_abs_max(a.amax + a.tensor_of(first), mm[0], seen);
+    }
+    return;
+  }
   const int lanes = blockDim.x < 32 ? static_cast<int>(blockDim.x) : 32;
   warp_sum<1>(mm, lanes, AbsMaxOp{});
   if (threadIdx.x % lanes == 0 && row < a.shape.rows) atomic_abs_max(a.amax + a.tensor_of(row), mm[0], seen);
@@ -330,7 +355,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     apply(std::false_type{});
   }
   if constexpr (Q == Quant::kTensor) {
-    if (a.amax) merge_amax(a, row, m, amax_seen);
+    if (a.amax) merge_amax(a, row, m, amax_seen, smem);
   } else if constexpr (Q == Quant::kRow) {
     float mm[1] = {m};
     row_sum<1>(mm, smem, AbsMaxOp{});
@@ -522,7 +547,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
     }
     if constexpr (Q == Quant::kTensor) {
       if (!a.no_output) store(tensor_scale);
-      if (a.amax) merge_amax(a, row, m, amax_seen);
+      if (a.amax) merge_amax(a, row, m, amax_seen, smem);
     } else {
       float mm[1] = {m};
       row_sum<1>(mm, smem, AbsMaxOp{});
