@@ -1010,6 +1010,18 @@ constexpr bool kSliceRefillAtEnd =
 // 2730x49152 214.2 / 208.7, 2340x57344 level; 1365x98304 bf16 215.7 / 205.3,
 // float16 206.6 / 210.5). RESULTS.md 1e.
 constexpr int kSliceStagedCluster = 4;
+// STAGED_HALVES: where STAGED_PARAMS' cluster is 4 or 8 CTAs, it takes
+// twice as many, each half as wide (256 threads or fewer, 64 KB of shared
+// memory), three an SM instead of one; their instance is held to
+// kSliceHalvesRegs registers so that three fit (ptxas, sm_90: bf16 81 -> 72,
+// float16 72 -> 64, float32 72 -> 71, no spill). Same-call A/B on an H200,
+// us, two rounds: bf16 2048x65536 177.4 / 179.5 -> 157.5 / 156.0,
+// 1024x131072 179.5 / 179.1 -> 167.0 / 166.6, 3276x40960 level (158.2 /
+// 156.7 -> 158.7 / 157.8); float32 2048x65536 312.0 / 315.4 -> 292.5 /
+// 294.9. Clusters of 16 (512x262144) cannot double: the same cap on their
+// instance lost 4% (190.2 / 190.0 -> 197.2 / 198.2), so it stays uncapped.
+// RESULTS.md 1t. Not measured on an H100.
+constexpr int kSliceHalvesRegs = 80;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -1052,9 +1064,10 @@ template <NormKind K, Quant Q>
 constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false,
-          bool STAGED_PARAMS = false, bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>>
+          bool STAGED_PARAMS = false, bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>,
+          bool STAGED_HALVES = false>
 __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || HOLD_Y ? 2 : 3)
-    fwd_slices(FwdArgs a, int64_t used, int cluster) {
+    __maxnreg__(STAGED_HALVES ? kSliceHalvesRegs : 128) fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
@@ -1068,6 +1081,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                 "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
+  static_assert(!STAGED_HALVES || STAGED_PARAMS, "fwd_slices: STAGED_HALVES is a STAGED_PARAMS instance");
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>,
                 "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
   // LayerNorm's per row (y held): the row's max is reduced with the next
@@ -1905,7 +1919,11 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   if constexpr (sizeof(T) * VEC != 16) {
     return ffi::Error::Internal("jax_rmsnorm: fwd_slices needs 16-byte packs");
   } else {
-    const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
+    int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
+    [[maybe_unused]] const bool staged =
+        kSliceStagedParams<K, Q, P, VEC> && cluster >= kSliceStagedCluster && a.plain_params<K>();
+    [[maybe_unused]] const bool halves = staged && cluster * 2 <= kMaxCluster;  // STAGED_HALVES
+    if (halves) cluster *= 2;
     // The row's packs spread evenly over the cluster's CTAs (row_threads of
     // a CTA's share), not a power of two of threads each, which left the last
     // CTAs few columns or none. Same-call A/B on an H100, bf16, us, one round, before
@@ -1940,9 +1958,10 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       }
     }
     if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
-      if (cluster >= kSliceStagedCluster && a.plain_params<K>()) {  // LayerNorm's: gamma and beta
+      if (staged) {  // LayerNorm's: gamma and beta
         smem += 2 * stage_bytes;  // gamma's and beta's packs
-        kernel = fwd_slices<K, Q, T, P, VEC, false, true, true>;
+        kernel = halves ? fwd_slices<K, Q, T, P, VEC, false, true, true, kSliceHoldY<K, Q, T>, true>
+                        : fwd_slices<K, Q, T, P, VEC, false, true, true>;
       }
     }
     int resident = 0;
