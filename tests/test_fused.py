@@ -538,9 +538,11 @@ def test_fp8_many_rows(kind, quant, shape, platform):
 
 
 # Per-tensor FP8 under vmap at narrow widths, where a GPU CTA takes several
-# rows (fwd_regs; fwd_unaligned at 1000): tensors of row counts that are not
-# a multiple of a CTA's rows put the rows of two tensors in one CTA and leave
-# the last CTA part empty, and each tensor's amax must still be its own.
+# rows (fwd_regs; fwd_unaligned at 1000) and merges their max |y| into amax
+# once when they are all of one tensor: tensors of row counts that are not a
+# multiple of a CTA's rows put the rows of two tensors in one CTA (merged row
+# by row) and leave the last CTA part empty; each tensor's amax must still be
+# its own.
 @pytest.mark.parametrize("shape", [(3, 1001, 1024), (3, 37, 256), (2, 333, 2048), (3, 50, 1000), (4, 130, 512)],
                          ids=sid)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=dname)
@@ -553,30 +555,6 @@ def test_fp8_tensor_vmapped_rows(kind, dtype, shape, platform):
     scales = np.array([300.0, 20.0, 90.0, 45.0][: shape[0]], np.float32)
     poison(platform, 8 * xs.size + 1024)
     _check_fp8_vmapped(kind, "tensor", xs, gamma, beta, platform, f"{kind} {dname(dtype)} {shape}", scales)
-
-
-# Per-tensor FP8 under vmap at narrow widths, where a GPU CTA takes several
-# rows (fwd_regs; fwd_unaligned at 1000) and merges their max |y| into amax
-# once when they are all of one tensor: tensors of row counts that are not a
-# multiple of a CTA's rows put the rows of two tensors in one CTA (merged row
-# by row) and leave the last CTA part empty.
-@pytest.mark.parametrize("shape", [(3, 1001, 1024), (3, 37, 256), (2, 333, 2048), (3, 50, 1000), (4, 130, 512)],
-                         ids=sid)
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=dname)
-@pytest.mark.parametrize("kind", KINDS)
-def test_fp8_tensor_vmapped_rows(kind, dtype, shape, platform):
-    key = case_key(("fp8tv", kind, dtype, shape))
-    mags = jnp.array([0.5, 4.0, 1.0, 2.5][: shape[0]])[:, None, None]
-    xs = (random(key, shape, jnp.float32, scale=2.0, offset=0.5) * mags).astype(dtype)
-    gamma, beta = _params(kind, shape[-1], dtype, key)
-    scales = np.array([300.0, 20.0, 90.0, 45.0][: shape[0]], np.float32)
-    f = _fp8_fn(kind, "tensor", out_dtype=E4M3)
-    g_, b_ = put(platform, gamma, beta)
-    poison(platform, 8 * xs.size + 1024)
-    got = jax.jit(jax.vmap(lambda x, s: f(x, g_, b_, scale=s)))(put(platform, xs)[0], scales)
-    for i in range(shape[0]):
-        _check_fp8_outputs(kind, "tensor", np.asarray(xs[i]), gamma, beta, (got[0][i], got[1][i]), E4M3,
-                           f"{kind} {dname(dtype)} {shape} vmapped tensor {i}", scale=scales[i])
 
 
 # 16384: on the GPU, RMSNorm's per-group kernel changes there (fwd_slices, a
