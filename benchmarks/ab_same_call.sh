@@ -15,7 +15,9 @@ IFS=, read -ra REFS <<< "$1"; shift
 REPO=$(pwd)
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90}
-WHL=$(mktemp -d)
+# WHEELS=dir keeps the wheels there (dir/<label>/*.whl), e.g. to install one
+# of them again after the A/B and run its GPU tests.
+WHL=${WHEELS:-$(mktemp -d)}; mkdir -p "$WHL"
 LABELS=()
 for r in "${REFS[@]}"; do
   v=$(basename "$r"); LABELS+=("$v")
