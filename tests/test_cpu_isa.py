@@ -1,5 +1,5 @@
 """The CPU kernels' AVX2 version gives the baseline's results bit for bit (see
-with_isa in csrc/cpu/norm_cpu.cc): tests/cpu_isa_outputs.py runs once in each,
+with_isa in csrc/cpu/norm_cpu.h): tests/cpu_isa_outputs.py runs once in each,
 in processes of their own (JAX_RMSNORM_CPU_ISA is read once), and every output
 is compared."""
 import os
