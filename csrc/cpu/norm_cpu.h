@@ -696,26 +696,40 @@ struct CpuKernels {
 
 }  // namespace jrn::cpu
 
-// The entry points, one instance per (normalization, element type,
-// parameter type) of JRN_CPU_FOR_EACH_INSTANCE (stats: per element type).
-// Every file that includes this header is told that the instances are
-// made elsewhere (extern template); norm_cpu_fwd_rms.cc,
-// norm_cpu_fwd_layer.cc and norm_cpu_bwd.cc each make their share.
+// The backend the handlers take (norm_common.h): its entry points, one
+// instance per (normalization, element type, parameter type) of
+// JRN_CPU_FOR_EACH_INSTANCE (stats: per element type), defined out of the
+// class so that they are not inline: every file that includes this header is
+// told that the instances are made elsewhere (extern template), and
+// norm_cpu_fwd_rms.cc, norm_cpu_fwd_layer.cc and norm_cpu_bwd.cc each make
+// their share.
 namespace jrn::cpu {
+struct CpuBackend {
+  using Bf16 = bf16_t;
+  using F16 = f16_t;
+  template <NormKind K, class T, class P>
+  static ffi::Error fwd(ffi::ThreadPool& pool, const FwdArgs& a);
+  template <NormKind K, class T, class P>
+  static ffi::Error bwd(ffi::ThreadPool& pool, const BwdArgs& a);
+  template <NormKind K, class T>
+  static ffi::Error stats(ffi::ThreadPool& pool, const StatsArgs& a);
+  template <NormKind K, class T, class P>
+  static ffi::Error grad_stats(ffi::ThreadPool& pool, const StatsArgs& a);
+};
 template <NormKind K, class T, class P>
-ffi::Error fwd(ffi::ThreadPool& pool, const FwdArgs& a) {
+ffi::Error CpuBackend::fwd(ffi::ThreadPool& pool, const FwdArgs& a) {
   return CpuKernels::fwd<K, T, P>(pool, a);
 }
 template <NormKind K, class T, class P>
-ffi::Error bwd(ffi::ThreadPool& pool, const BwdArgs& a) {
+ffi::Error CpuBackend::bwd(ffi::ThreadPool& pool, const BwdArgs& a) {
   return CpuKernels::bwd<K, T, P>(pool, a);
 }
 template <NormKind K, class T>
-ffi::Error stats(ffi::ThreadPool& pool, const StatsArgs& a) {
+ffi::Error CpuBackend::stats(ffi::ThreadPool& pool, const StatsArgs& a) {
   return CpuKernels::stats<K, T>(pool, a);
 }
 template <NormKind K, class T, class P>
-ffi::Error grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
+ffi::Error CpuBackend::grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
   return CpuKernels::grad_stats<K, T, P>(pool, a);
 }
 }  // namespace jrn::cpu
@@ -732,15 +746,15 @@ ffi::Error grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
 
 // PREFIX "extern" declares an instance, PREFIX empty makes it.
 #define JRN_CPU_FWD_INSTANCE(PREFIX, K, T, P) \
-  PREFIX template ::xla::ffi::Error jrn::cpu::fwd<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::FwdArgs&);
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::fwd<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::FwdArgs&);
 #define JRN_CPU_BWD_INSTANCE(PREFIX, K, T, P)                                                                   \
-  PREFIX template ::xla::ffi::Error jrn::cpu::bwd<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::BwdArgs&);     \
-  PREFIX template ::xla::ffi::Error jrn::cpu::grad_stats<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::bwd<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::BwdArgs&);     \
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::grad_stats<K, T, P>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);
 #define JRN_CPU_STATS_INSTANCE(PREFIX, K)                                                                          \
-  PREFIX template ::xla::ffi::Error jrn::cpu::stats<K, float>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);   \
-  PREFIX template ::xla::ffi::Error jrn::cpu::stats<K, ::jrn::cpu::bf16_t>(::xla::ffi::ThreadPool&,                \
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::stats<K, float>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);   \
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::stats<K, ::jrn::cpu::bf16_t>(::xla::ffi::ThreadPool&,                \
                                                                          const ::jrn::StatsArgs&);                 \
-  PREFIX template ::xla::ffi::Error jrn::cpu::stats<K, ::jrn::cpu::f16_t>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);
+  PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::stats<K, ::jrn::cpu::f16_t>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);
 #define JRN_CPU_EXTERN_FWD(K, T, P) JRN_CPU_FWD_INSTANCE(extern, K, T, P)
 #define JRN_CPU_EXTERN_BWD(K, T, P) JRN_CPU_BWD_INSTANCE(extern, K, T, P)
 JRN_CPU_FOR_EACH_INSTANCE(JRN_CPU_EXTERN_FWD)
