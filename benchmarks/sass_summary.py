@@ -7,12 +7,12 @@ its instructions on:
 
 Without a GPU, one source file's kernels can be read from a cubin that nvcc
 builds alone (flags as CMakeLists.txt gives them; JAX's FFI headers from jaxlib;
-the forward's are in norm_fwd_rms.cu and norm_fwd_layer.cu, RMSNorm's and
-LayerNorm's):
+the forward's are in norm_fwd_{rms,layer}_{f32,bf16,f16}.cu, the backward's
+in norm_bwd_{f32,bf16,f16}.cu, by normalization and type of x):
 
     nvcc -std=c++20 -O3 --expt-relaxed-constexpr -DNDEBUG -arch=sm_90 -cubin -Xptxas -v \
         -isystem $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/include \
-        -I csrc -I csrc/cuda csrc/cuda/norm_fwd_rms.cu -o norm_fwd.cubin
+        -I csrc -I csrc/cuda csrc/cuda/norm_fwd_rms_bf16.cu -o norm_fwd.cubin
     cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py fwd_regs
 
 Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump

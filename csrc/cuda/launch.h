@@ -1,6 +1,7 @@
 // The CUDA launchers, as the FFI handlers see them. Implemented in
-// norm_fwd.cuh (instantiated in norm_fwd_rms.cu and norm_fwd_layer.cu) / norm_bwd.cu /
-// norm_stats.cu for every supported (normalization, element type, parameter type).
+// norm_fwd.cuh / norm_bwd.cuh (instantiated in norm_fwd_{rms,layer}_*.cu and
+// norm_bwd_*.cu, one unit for each type of x) / norm_stats.cu for every
+// supported (normalization, element type, parameter type).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,21 +44,23 @@ bool quantize_tiles_fit(const FwdArgs& a);
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
 
-// Apply MACRO(K, T, P) to every instantiated combination: RMSNorm's, LayerNorm's, or both.
-#define JRN_FOR_EACH_RMS_INSTANCE(MACRO)                                   \
-  MACRO(::jrn::NormKind::kRms, float, float)                               \
-  MACRO(::jrn::NormKind::kRms, __nv_bfloat16, __nv_bfloat16)               \
-  MACRO(::jrn::NormKind::kRms, __nv_bfloat16, float)                       \
-  MACRO(::jrn::NormKind::kRms, __half, __half)                             \
-  MACRO(::jrn::NormKind::kRms, __half, float)
-#define JRN_FOR_EACH_LAYER_INSTANCE(MACRO)                                 \
-  MACRO(::jrn::NormKind::kLayer, float, float)                             \
-  MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, __nv_bfloat16)             \
-  MACRO(::jrn::NormKind::kLayer, __nv_bfloat16, float)                     \
-  MACRO(::jrn::NormKind::kLayer, __half, __half)                           \
-  MACRO(::jrn::NormKind::kLayer, __half, float)
-#define JRN_FOR_EACH_INSTANCE(MACRO) \
-  JRN_FOR_EACH_RMS_INSTANCE(MACRO)   \
-  JRN_FOR_EACH_LAYER_INSTANCE(MACRO)
+// Apply MACRO(K, T, P) to every instantiated (parameter type P) of normalization
+// K with x of one type; each of the forward's and backward's translation units
+// instantiates one such group (csrc/cuda/norm_{fwd_rms,fwd_layer,bwd}_*.cu).
+#define JRN_FOR_EACH_F32_X(MACRO, K) MACRO(K, float, float)
+#define JRN_FOR_EACH_BF16_X(MACRO, K)      \
+  MACRO(K, __nv_bfloat16, __nv_bfloat16) \
+  MACRO(K, __nv_bfloat16, float)
+#define JRN_FOR_EACH_F16_X(MACRO, K) \
+  MACRO(K, __half, __half)           \
+  MACRO(K, __half, float)
+// ... and to every instantiated combination.
+#define JRN_FOR_EACH_KIND_INSTANCE(MACRO, K) \
+  JRN_FOR_EACH_F32_X(MACRO, K)               \
+  JRN_FOR_EACH_BF16_X(MACRO, K)              \
+  JRN_FOR_EACH_F16_X(MACRO, K)
+#define JRN_FOR_EACH_INSTANCE(MACRO)                          \
+  JRN_FOR_EACH_KIND_INSTANCE(MACRO, ::jrn::NormKind::kRms) \
+  JRN_FOR_EACH_KIND_INSTANCE(MACRO, ::jrn::NormKind::kLayer)
 
 }  // namespace jrn::cuda

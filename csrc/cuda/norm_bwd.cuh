@@ -25,6 +25,12 @@
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
 // row from it (row_coefs).
+//
+// This header is the backward's code; norm_bwd_{f32,bf16,f16}.cu instantiate
+// launch_bwd for both normalizations, one translation unit for each type of
+// x, that compile in parallel.
+#pragma once
+
 #include <numeric>
 #include <type_traits>
 
@@ -1304,8 +1310,8 @@ ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   return launch_bwd_vec<K, T, P, 1>(stream, a);
 }
 
+}  // namespace jrn::cuda
+
+// Used inside namespace jrn::cuda by norm_bwd_*.cu.
 #define JRN_INSTANTIATE_BWD(K, T, P) \
   template ffi::Error launch_bwd<K, T, P>(cudaStream_t, const BwdArgs&);
-JRN_FOR_EACH_INSTANCE(JRN_INSTANTIATE_BWD)
-
-}  // namespace jrn::cuda

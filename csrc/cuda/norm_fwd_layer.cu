@@ -1,7 +1,0 @@
-// LayerNorm's forward launchers: norm_fwd.cuh instantiated for LayerNorm's
-// (element type, parameter type) combinations.
-#include "norm_fwd.cuh"
-
-namespace jrn::cuda {
-JRN_FOR_EACH_LAYER_INSTANCE(JRN_INSTANTIATE_FWD)
-}  // namespace jrn::cuda
