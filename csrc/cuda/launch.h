@@ -44,11 +44,12 @@ bool quantize_tiles_fit(const FwdArgs& a);
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
 
-// Apply MACRO(K, T, P) to every instantiated (parameter type P) of normalization
-// K with x of one type; each of the forward's and backward's translation units
-// instantiates one such group (csrc/cuda/norm_{fwd_rms,fwd_layer,bwd}_*.cu).
+// Apply MACRO(K, T, P) to the instantiated combinations of normalization K
+// with x of one type T, one for each parameter type P it takes; the forward's
+// and backward's translation units instantiate one such group each
+// (csrc/cuda/norm_{fwd_rms,fwd_layer,bwd}_*.cu).
 #define JRN_FOR_EACH_F32_X(MACRO, K) MACRO(K, float, float)
-#define JRN_FOR_EACH_BF16_X(MACRO, K)      \
+#define JRN_FOR_EACH_BF16_X(MACRO, K)    \
   MACRO(K, __nv_bfloat16, __nv_bfloat16) \
   MACRO(K, __nv_bfloat16, float)
 #define JRN_FOR_EACH_F16_X(MACRO, K) \
@@ -59,7 +60,7 @@ ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
   JRN_FOR_EACH_F32_X(MACRO, K)               \
   JRN_FOR_EACH_BF16_X(MACRO, K)              \
   JRN_FOR_EACH_F16_X(MACRO, K)
-#define JRN_FOR_EACH_INSTANCE(MACRO)                          \
+#define JRN_FOR_EACH_INSTANCE(MACRO)                       \
   JRN_FOR_EACH_KIND_INSTANCE(MACRO, ::jrn::NormKind::kRms) \
   JRN_FOR_EACH_KIND_INSTANCE(MACRO, ::jrn::NormKind::kLayer)
 
