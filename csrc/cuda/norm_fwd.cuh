@@ -200,6 +200,10 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
   return ss;
 }
 
+// fwd_regs takes LayerNorm's statistics in one pass only in rows of at least
+// this many threads (see there).
+constexpr int kOnePassMinThreads = 256;
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
 __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
                                   Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster_arg) {
@@ -208,6 +212,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   const int cluster = EARLY ? 1 : cluster_arg;
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
+  __shared__ float xchg2[1][2];  // LayerNorm's one-pass sums across a cluster
   const int64_t H = a.shape.hidden;
   // With clusters, CTA `rank` of the cluster holds vectors [rank * slice, (rank + 1) * slice).
   // Columns are ints (hidden < 2^31, checked by the launcher): 64-bit column
@@ -270,24 +275,77 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       if (in[i]) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + column(i), v[i]);
     }
   }
-  // LayerNorm: two exact passes over the held row, two reductions. Tried on
-  // an H200 (RESULTS.md 6ze) and not kept: each warp's count, mean and M2 by
-  // shuffles, merged across warps by a butterfly with one barrier; bf16
-  // ln_fwd 32768x4096 155.2 -> 184.8 us, 16384x8192 161.3 -> 177.5,
-  // 8192x16384 177.2 -> 181.8 (same-call A/B).
-  float sum[1] = {held_sum(v, 0.f)};
+  // LayerNorm's statistics, two ways.
+  // - One pass: sum(d) and sum(d^2) with d = v - layer_shift (the median of
+  //   the row's first, middle and last elements), one reduction, then the held
+  //   packs centred on the mean. bf16 ln_fwd, H200, same-call A/B, two rounds
+  //   (RESULTS.md 1v): 32768x4096 151.7/150.4 -> 148.8/148.8 us, 8192x16384
+  //   163.8/164.1 -> 157.4/156.9, float32 32768x4096 277.7/277.2 ->
+  //   269.1/270.6.
+  // - Two exact passes over the held row (sum, then the centred squares), two
+  //   reductions, where one pass lost:
+  //   - with a residual: the shift's three loads read x and the residual again
+  //     (add_ln 32768x4096 +2.6%);
+  //   - in rows of fewer than kOnePassMinThreads threads (131072x1024, 128
+  //     threads a row, +2%); blockDim.x is uniform over the CTA;
+  //   - with float32 parameters on 16-bit x (kLayerOnePass false): the one-pass
+  //     instance spills 16 bytes and lost 6% at 32768x4096.
+  // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
+  // merged across warps by a butterfly; 32768x4096 155.2 -> 184.8 us.
+  constexpr bool kLayerOnePass = K == NormKind::kLayer && std::is_same_v<T, P>;
   float mean = 0.f;
-  if constexpr (K == NormKind::kLayer) {
+  float ss[1];
+  if (K == NormKind::kLayer && (!kLayerOnePass || (!EARLY && a.residual) || blockDim.x < kOnePassMinThreads)) {
+    float sum[1] = {held_sum(v, 0.f)};
     row_sum<1>(sum, smem);
     if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
     mean = sum[0] / static_cast<float>(H);
     if (a.given_stats && valid) mean = a.mean[row];
-  }
-  float ss[1] = {center_held(v, in, mean)};
-  row_sum<1>(ss, smem);
-  if (cluster > 1) {
-    cluster_sum<1>(ss, xchg, 1);
-    if (Q != Quant::kRow) cluster_done();
+    ss[0] = center_held(v, in, mean);
+    row_sum<1>(ss, smem);
+    if (cluster > 1) {
+      cluster_sum<1>(ss, xchg, 1);
+      if (Q != Quant::kRow) cluster_done();
+    }
+  } else if constexpr (kLayerOnePass) {
+    float shift = 0.f;
+    if (valid) {
+      shift = layer_shift(
+          [&](int64_t c) {
+            float e[1];
+            load_x<XQ, 1, T>(a, row, static_cast<int>(c), e);
+            return e[0];
+          },
+          H);
+    }
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) add_shifted_sums<2>(acc, v[i], shift);
+    }
+    row_sum<2>(acc, smem);
+    if (cluster > 1) {
+      cluster_sum<2>(acc, xchg2, 0);
+      if (Q != Quant::kRow) cluster_done();
+    }
+    const float2 mm2 = shifted_mean_m2_of(acc, shift, acc[0] / static_cast<float>(H));
+    mean = mm2.x;
+    ss[0] = mm2.y;
+    if (a.given_stats && valid) mean = a.mean[row];
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] -= mean;
+      }
+    }
+  } else {
+    ss[0] = center_held(v, in, 0.f);
+    row_sum<1>(ss, smem);
+    if (cluster > 1) {
+      cluster_sum<1>(ss, xchg, 1);
+      if (Q != Quant::kRow) cluster_done();
+    }
   }
   const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
   if (Q == Quant::kNone && !valid) return;
