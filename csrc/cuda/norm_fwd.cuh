@@ -279,15 +279,16 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   // - One pass: sum(d) and sum(d^2) with d = v - layer_shift (the median of
   //   the row's first, middle and last elements), one reduction, then the held
   //   packs centred on the mean. bf16 ln_fwd, H200, same-call A/B, two rounds
-  //   (RESULTS.md 1v): 32768x4096 151.7/150.4 -> 148.8/148.8 us, 8192x16384
-  //   163.8/164.1 -> 157.4/156.9, float32 32768x4096 277.7/277.2 ->
-  //   269.1/270.6.
+  //   (RESULTS.md 1v): 8192x16384 (512 threads a row) 163.8/164.1 ->
+  //   157.4/156.9 us, float32 32768x4096 (256) 277.7/277.2 -> 269.1/270.6.
   // - Two exact passes over the held row (sum, then the centred squares), two
-  //   reductions, where one pass lost:
+  //   reductions:
   //   - with a residual: the shift's three loads read x and the residual again
-  //     (add_ln 32768x4096 +2.6%);
-  //   - in rows of fewer than kOnePassMinThreads threads (131072x1024, 128
-  //     threads a row, +2%); blockDim.x is uniform over the CTA;
+  //     (add_ln 32768x4096 +2.6%, RESULTS.md 1u);
+  //   - in rows of fewer than kOnePassMinThreads threads (blockDim.x, uniform
+  //     over the CTA): one pass lost 2% at 131072x1024 (32 threads a row) and
+  //     won 2% at 32768x4096 (128), RESULTS.md 1u; 128's rows keep two passes
+  //     until a same-call A/B of the threshold at 128 confirms it;
   //   - with float32 parameters on 16-bit x (kLayerOnePass false): the one-pass
   //     instance spills 16 bytes and lost 6% at 32768x4096.
   // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
