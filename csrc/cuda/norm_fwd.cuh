@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
       cluster_sum<2>(acc, xchg2, 0);
       if (Q != Quant::kRow) cluster_done();
     }
-    const float2 mm2 = shifted_mean_m2_of(acc, shift, acc[0] / static_cast<float>(H));
+    const float2 mm2 = shifted_mean_m2(acc, shift, H);
     mean = mm2.x;
     ss[0] = mm2.y;
     if (a.given_stats && valid) mean = a.mean[row];
