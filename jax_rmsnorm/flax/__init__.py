@@ -6,9 +6,10 @@ existing parameters load unchanged. Flax NNX modules are in
 
 Differences: normalization is over the last axis only (``reduction_axes`` and
 ``feature_axes`` must be -1); ``axis_index_groups`` is not supported yet
-(raises at construction); statistics are always float32 and two-pass
-(``use_fast_variance`` and ``force_float32_reductions`` are accepted and change
-nothing). ``axis_name`` works as in flax, inside ``shard_map`` with the
+(raises at construction); statistics are always float32, taken in two passes
+or in one around a shift near the row's mean, never as E[x^2] - E[x]^2 (the
+README says which kernels take which; ``use_fast_variance`` and
+``force_float32_reductions`` are accepted and change nothing). ``axis_name`` works as in flax, inside ``shard_map`` with the
 features split over that mesh axis: each device holds a slice of the features
 (and of ``scale``/``bias``), and only per-row statistics cross devices. Extra:
 ``zero_centered_gamma`` scales by ``1 + scale``.
