@@ -294,14 +294,17 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
   // merged across warps by a butterfly; 32768x4096 155.2 -> 184.8 us.
   constexpr bool kLayerOnePass = K == NormKind::kLayer && std::is_same_v<T, P>;
+  const bool two_passes = !kLayerOnePass || (!EARLY && a.residual) || blockDim.x < kOnePassMinThreads;
   float mean = 0.f;
   float ss[1];
-  if (K == NormKind::kLayer && (!kLayerOnePass || (!EARLY && a.residual) || blockDim.x < kOnePassMinThreads)) {
-    float sum[1] = {held_sum(v, 0.f)};
-    row_sum<1>(sum, smem);
-    if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
-    mean = sum[0] / static_cast<float>(H);
-    if (a.given_stats && valid) mean = a.mean[row];
+  if (two_passes) {
+    if constexpr (K == NormKind::kLayer) {
+      float sum[1] = {held_sum(v, 0.f)};
+      row_sum<1>(sum, smem);
+      if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
+      mean = sum[0] / static_cast<float>(H);
+      if (a.given_stats && valid) mean = a.mean[row];
+    }
     ss[0] = center_held(v, in, mean);
     row_sum<1>(ss, smem);
     if (cluster > 1) {
@@ -339,13 +342,6 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[i][j] -= mean;
       }
-    }
-  } else {
-    ss[0] = center_held(v, in, 0.f);
-    row_sum<1>(ss, smem);
-    if (cluster > 1) {
-      cluster_sum<1>(ss, xchg, 1);
-      if (Q != Quant::kRow) cluster_done();
     }
   }
   const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
