@@ -757,6 +757,9 @@ ffi::Error CpuBackend::grad_stats(ffi::ThreadPool& pool, const StatsArgs& a) {
   PREFIX template ::xla::ffi::Error jrn::cpu::CpuBackend::stats<K, ::jrn::cpu::f16_t>(::xla::ffi::ThreadPool&, const ::jrn::StatsArgs&);
 #define JRN_CPU_EXTERN_FWD(K, T, P) JRN_CPU_FWD_INSTANCE(extern, K, T, P)
 #define JRN_CPU_EXTERN_BWD(K, T, P) JRN_CPU_BWD_INSTANCE(extern, K, T, P)
+// For the units that make them (norm_cpu_fwd_*.cc, norm_cpu_bwd.cc).
+#define JRN_CPU_MAKE_FWD(K, T, P) JRN_CPU_FWD_INSTANCE(, K, T, P)
+#define JRN_CPU_MAKE_BWD(K, T, P) JRN_CPU_BWD_INSTANCE(, K, T, P)
 JRN_CPU_FOR_EACH_INSTANCE(JRN_CPU_EXTERN_FWD)
 JRN_CPU_FOR_EACH_INSTANCE(JRN_CPU_EXTERN_BWD)
 JRN_CPU_STATS_INSTANCE(extern, ::jrn::NormKind::kRms)

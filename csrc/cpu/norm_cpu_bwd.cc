@@ -1,7 +1,6 @@
 // The CPU backward's instances, and the statistics' (norm_cpu.h).
 #include "norm_cpu.h"
 
-#define JRN_CPU_MAKE_BWD(K, T, P) JRN_CPU_BWD_INSTANCE(, K, T, P)
 JRN_CPU_FOR_EACH_INSTANCE(JRN_CPU_MAKE_BWD)
 JRN_CPU_STATS_INSTANCE(, ::jrn::NormKind::kRms)
 JRN_CPU_STATS_INSTANCE(, ::jrn::NormKind::kLayer)
