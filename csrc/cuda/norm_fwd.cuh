@@ -202,7 +202,7 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
 
 // fwd_regs takes LayerNorm's statistics in one pass only in rows of at least
 // this many threads (see there).
-constexpr int kOnePassMinThreads = 256;
+constexpr int kOnePassMinThreads = 128;
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
 __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
@@ -286,9 +286,11 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   //   - with a residual: the shift's three loads read x and the residual again
   //     (add_ln 32768x4096 +2.6%, RESULTS.md 1u);
   //   - in rows of fewer than kOnePassMinThreads threads (blockDim.x, uniform
-  //     over the CTA): one pass lost 2% at 131072x1024 (32 threads a row) and
-  //     won 2% at 32768x4096 (128), RESULTS.md 1u; 128's rows keep two passes
-  //     until a same-call A/B of the threshold at 128 confirms it;
+  //     over the CTA): one pass lost 2% at 131072x1024 (32 threads a row,
+  //     RESULTS.md 1u). Rows of 128 threads take one pass: same-call A/B, two
+  //     rounds, us (RESULTS.md 1w): bf16 32768x4096 149.3/150.4 ->
+  //     146.0/146.2, float16 150.1/150.1 -> 146.2/146.4, float32 65536x2048
+  //     272.0/272.7 -> 268.7/270.8;
   //   - with float32 parameters on 16-bit x (kLayerOnePass false): the one-pass
   //     instance spills 16 bytes and lost 6% at 32768x4096.
   // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
