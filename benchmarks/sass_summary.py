@@ -26,11 +26,23 @@ its data loads go out (a scale or a statistic loaded first and spilled,
 inverted or moved to a uniform register). Kernels that must read a value
 first (a row's shift, say) show up too; it is a list to read, not a verdict:
     cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py --waits fwd_
+
+With --executed, it reads instead Nsight Compute's per-instruction counts of
+one profiled launch (the SourceCounters section, exported as the source
+page's CSV) and sums the executed warp instructions by opcode; given the
+launch's element count (rows * hidden), also thread instructions an element.
+--dump FILE writes every executed instruction as "address count SASS", in
+code order, to see which part of a kernel the counts come from:
+    ncu --kernel-name regex:fwd_ --launch-skip 1 --launch-count 1 --section SourceCounters \
+        -o rep python3 benchmarks/profile_ops.py ln_fwd --rows 32768 --hidden 4096 --calls 2
+    ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv
+    python3 benchmarks/sass_summary.py --executed src.csv 134217728 [--dump lines.txt]
 """
 
 from __future__ import annotations
 
 import collections
+import csv
 import re
 import subprocess
 import sys
@@ -73,8 +85,42 @@ def early_waits(code):
     return waits
 
 
+def opcode(ins):
+    return re.sub("^" + PREDICATE, "", ins).split(" ")[0].split(".")[0]
+
+
+def executed(args):
+    """--executed SRC.CSV [ELEMENTS] [--dump FILE]: executed instructions by opcode."""
+    dump = args.pop(args.index("--dump") + 1) if "--dump" in args else None
+    path, elems = args[0], float(args[1]) if len(args) > 1 else 0.0
+    rows = list(csv.reader(open(path, newline="", errors="replace")))
+    at = next(i for i, r in enumerate(rows) if "Source" in (c.strip() for c in r))
+    head = [c.strip() for c in rows[at]]
+    src, count, addr = head.index("Source"), head.index("Instructions Executed"), head.index("Address")
+    by_op, lines = collections.Counter(), []
+    for r in rows[at + 1:]:
+        try:
+            n = float(r[count].replace(",", ""))
+        except (IndexError, ValueError):
+            continue
+        if n > 0:
+            by_op[opcode(r[src].strip())] += n
+            lines.append(f"{r[addr].strip()} {n:.0f} {r[src].strip()}")
+    total = sum(by_op.values())
+    per = (lambda n: f"  {n * 32 / elems:6.2f} an element") if elems else (lambda n: "")
+    print(f"{total:14,.0f} warp instructions" + per(total))
+    for op, n in by_op.most_common(40):
+        print(f"{n:14,.0f} {100 * n / total:5.1f}%  {op:8s}" + per(n))
+    if dump:
+        with open(dump, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def main():
     args = sys.argv[1:]
+    if "--executed" in args:
+        args.remove("--executed")
+        return executed(args)
     waits = "--waits" in args
     pats = [a for a in args if a != "--waits"]
     funcs, cur = {}, None
@@ -99,7 +145,7 @@ def main():
                 for at, use, ins in found:
                     print(f"        load at {at}, used at {use}: {ins[:60]}")
             continue
-        c = collections.Counter(re.sub("^" + PREDICATE, "", ins).split(" ")[0].split(".")[0] for ins in code)
+        c = collections.Counter(opcode(ins) for ins in code)
         print(f"{len(code):6d}  {pretty[:150]}")
         print("        " + " ".join(f"{k}:{v}" for k, v in c.most_common(18)))
 
