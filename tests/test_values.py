@@ -353,19 +353,23 @@ def test_check_grads_float32_cpu():
                     order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
-def _check_layer_stats(x, platform):
-    """LayerNorm forward of float32 rows x against float64: rstd to 2e-4
-    relative, y within float32 rounding of x - mean (ulp(3000) = 2.4e-4)."""
+def _check_layer_stats(x, platform, dtype=jnp.float32):
+    """LayerNorm forward of rows x (float32 values, stored as `dtype`, the
+    parameters too) against float64 of the stored values: rstd to 2e-4
+    relative, the float32 mean, and y within `dtype`'s rounding (float32:
+    of x - mean, ulp(3000) = 2.4e-4)."""
     hidden = x.shape[-1]
-    gamma = random(hidden + 1, (hidden,), jnp.float32, scale=0.5, offset=1.0)
-    beta = random(hidden + 2, (hidden,), jnp.float32, scale=0.5)
-    xd, g, b = put(platform, jnp.asarray(x), gamma, beta)
+    x = jnp.asarray(x, dtype)
+    gamma = random(hidden + 1, (hidden,), dtype, scale=0.5, offset=1.0)
+    beta = random(hidden + 2, (hidden,), dtype, scale=0.5)
+    xd, g, b = put(platform, x, gamma, beta)
     poison(platform, 4 * x.size + 1024)
     y, mean, rstd = jax.jit(lambda x, g, b: jrn.layer_norm_fwd(x, g, b, eps=1e-5))(xd, g, b)
+    assert y.dtype == dtype
     y_ref, mean_ref, rstd_ref = ref_forward("layer", x, gamma, beta, 1e-5)
     assert np.isfinite(f64(rstd)).all() and np.allclose(f64(rstd), rstd_ref, rtol=2e-4, atol=0), (f64(rstd), rstd_ref)
     assert_close(mean, mean_ref, jnp.float32, "mean", scale=3000.0)
-    assert_close(y, y_ref, jnp.float32, "y", scale=50.0)
+    assert_close(y, y_ref, dtype, "y", scale=50.0)
 
 
 # Hidden sizes of every forward kernel family: rows in registers (1000-12288),
@@ -386,6 +390,21 @@ def test_layer_norm_statistics_far_from_zero(hidden, platform):
     x[3, : hidden // 2] += 500.0
     x[3, hidden // 2 :] -= 500.0
     _check_layer_stats(x, platform)
+
+
+@pytest.mark.parametrize("hidden", [1000, 3072, 3080, 4096, 12288])
+def test_layer_norm_statistics_far_from_zero_bf16(hidden, platform):
+    """The same rows stored in bfloat16, with bfloat16 parameters: on the GPU
+    the register kernel takes both sums in one pass around a shift in rows of
+    128 threads or more (hidden 3080 and up: 3080 is the first, with most of
+    the last packs past the row's end) and two passes below (1000, 3072)."""
+    x = np.array(random(hidden, (4, hidden), jnp.float32))
+    x[0] += 1000.0
+    x[1, hidden // 2] = -3000.0
+    x[2] = 5.0 + 0.1 * x[2]
+    x[3, : hidden // 2] += 500.0
+    x[3, hidden // 2 :] -= 500.0
+    _check_layer_stats(x, platform, jnp.bfloat16)
 
 
 @pytest.mark.parametrize("hidden", STATS_HIDDEN)
