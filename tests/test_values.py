@@ -393,18 +393,23 @@ def test_layer_norm_statistics_far_from_zero(hidden, platform):
 
 
 @pytest.mark.parametrize("hidden", [1000, 3072, 3080, 4096, 12288])
-def test_layer_norm_statistics_far_from_zero_bf16(hidden, platform):
-    """The same rows stored in bfloat16, with bfloat16 parameters: on the GPU
-    the register kernel takes both sums in one pass around a shift in rows of
-    128 threads or more (hidden 3080 and up: 3080 is the first, with most of
-    the last packs past the row's end) and two passes below (1000, 3072)."""
-    x = np.array(random(hidden, (4, hidden), jnp.float32))
-    x[0] += 1000.0
-    x[1, hidden // 2] = -3000.0
-    x[2] = 5.0 + 0.1 * x[2]
-    x[3, : hidden // 2] += 500.0
-    x[3, hidden // 2 :] -= 500.0
-    _check_layer_stats(x, platform, jnp.bfloat16)
+@pytest.mark.parametrize("dtype, rows", [(jnp.bfloat16, 4), (jnp.bfloat16, 600), (jnp.float32, 600)],
+                         ids=["bfloat16-4", "bfloat16-600", "float32-600"])
+def test_layer_norm_statistics_far_from_zero_rows(hidden, dtype, rows, platform):
+    """The rows above, in turn, stored as `dtype` with parameters of the
+    same type. On the GPU four rows take fwd_decode; 600 rows (more than two
+    an SM on an H100 or H200) the register kernel, which takes both sums in
+    one pass around a shift in rows of 128 threads or more (bf16 hidden 3080
+    and up: 3080 is the first, with most last packs past the row's end;
+    float32 1540 and up) and two passes below (bf16 1000 and 3072, float32
+    1000)."""
+    x = np.array(random(hidden + rows, (rows, hidden), jnp.float32))
+    x[0::4] += 1000.0
+    x[1::4, hidden // 2] = -3000.0
+    x[2::4] = 5.0 + 0.1 * x[2::4]
+    x[3::4, : hidden // 2] += 500.0
+    x[3::4, hidden // 2 :] -= 500.0
+    _check_layer_stats(x, platform, dtype)
 
 
 @pytest.mark.parametrize("hidden", STATS_HIDDEN)
