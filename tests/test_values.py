@@ -425,6 +425,18 @@ def test_layer_norm_outlier_at_row_ends(hidden, platform):
     _check_layer_stats(x, platform)
 
 
+@pytest.mark.parametrize("hidden", [3080, 4096, 12288])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: np.dtype(d).name)
+def test_layer_norm_outlier_at_row_ends_many_rows(hidden, dtype, platform):
+    """The outliers above in 600 rows (every other row's first column, the
+    others' last), which on the GPU take the register kernel's one pass
+    rather than fwd_decode."""
+    x = np.array(random(hidden + 5, (600, hidden), jnp.float32))
+    x[0::2, 0] = 3000.0
+    x[1::2, -1] = 3000.0
+    _check_layer_stats(x, platform, dtype)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_nan_stays_in_its_row(kind, platform):
     x = np.array(random(8, (4, 64), jnp.float32))
