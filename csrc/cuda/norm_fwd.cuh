@@ -338,13 +338,7 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
     mean = mm2.x;
     ss[0] = mm2.y;
     if (a.given_stats && valid) mean = a.mean[row];
-#pragma unroll
-    for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i][j] -= mean;
-      }
-    }
+    center_held(v, in, mean);  // its sum of squares unused here
   }
   const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
   if (Q == Quant::kNone && !valid) return;
