@@ -372,6 +372,27 @@ def _check_layer_stats(x, platform, dtype=jnp.float32):
     assert_close(y, y_ref, dtype, "y", scale=50.0)
 
 
+def _far_from_zero_rows(key, rows, hidden, spread):
+    """Rows of N(0, 1), in turn: offset by 1000, with an outlier (-3000) in the
+    middle, 5 plus `spread` times the noise, and halves at +-500."""
+    x = np.array(random(key, (rows, hidden), jnp.float32))
+    x[0::4] += 1000.0
+    x[1::4, hidden // 2] = -3000.0
+    x[2::4] = 5.0 + spread * x[2::4]
+    x[3::4, : hidden // 2] += 500.0
+    x[3::4, hidden // 2 :] -= 500.0
+    return x
+
+
+def _outliers_at_ends(key, rows, hidden):
+    """Rows of N(0, 1) with an outlier (3000) in the first column of every
+    other row and in the last column of the others."""
+    x = np.array(random(key, (rows, hidden), jnp.float32))
+    x[0::2, 0] = 3000.0
+    x[1::2, -1] = 3000.0
+    return x
+
+
 # Hidden sizes of every forward kernel family: rows in registers (1000-12288),
 # streamed (40001), staged slices on one SM or across a cluster (65536, 262144).
 STATS_HIDDEN = [1000, 4096, 12288, 40001, 65536, 262144]
@@ -383,13 +404,7 @@ def test_layer_norm_statistics_far_from_zero(hidden, platform):
     common offset, an outlier inside the row, a tiny spread around a large mean,
     and a row whose halves lie far apart (+-500): nearly all its variance is
     between the slices where a cluster of CTAs splits the row."""
-    x = np.array(random(hidden, (4, hidden), jnp.float32))
-    x[0] += 1000.0
-    x[1, hidden // 2] = -3000.0
-    x[2] = 5.0 + 1e-3 * x[2]
-    x[3, : hidden // 2] += 500.0
-    x[3, hidden // 2 :] -= 500.0
-    _check_layer_stats(x, platform)
+    _check_layer_stats(_far_from_zero_rows(hidden, 4, hidden, 1e-3), platform)
 
 
 @pytest.mark.parametrize("hidden", [1000, 3072, 3080, 4096, 12288])
@@ -403,13 +418,7 @@ def test_layer_norm_statistics_far_from_zero_rows(hidden, dtype, rows, platform)
     and up: 3080 is the first, with most last packs past the row's end;
     float32 1540 and up) and two passes below (bf16 1000 and 3072, float32
     1000)."""
-    x = np.array(random(hidden + rows, (rows, hidden), jnp.float32))
-    x[0::4] += 1000.0
-    x[1::4, hidden // 2] = -3000.0
-    x[2::4] = 5.0 + 0.1 * x[2::4]
-    x[3::4, : hidden // 2] += 500.0
-    x[3::4, hidden // 2 :] -= 500.0
-    _check_layer_stats(x, platform, dtype)
+    _check_layer_stats(_far_from_zero_rows(hidden + rows, rows, hidden, 0.1), platform, dtype)
 
 
 @pytest.mark.parametrize("hidden", STATS_HIDDEN)
@@ -419,10 +428,7 @@ def test_layer_norm_outlier_at_row_ends(hidden, platform):
     near the row's mean; when it was the row's first element, the outlier's row
     cancelled in float32 (rstd off by 0.2% at 40001 and 65536, 4% at 262144,
     on an H100)."""
-    x = np.array(random(hidden + 3, (2, hidden), jnp.float32))
-    x[0, 0] = 3000.0
-    x[1, -1] = 3000.0
-    _check_layer_stats(x, platform)
+    _check_layer_stats(_outliers_at_ends(hidden + 3, 2, hidden), platform)
 
 
 @pytest.mark.parametrize("hidden", [3080, 4096, 12288])
@@ -431,10 +437,7 @@ def test_layer_norm_outlier_at_row_ends_many_rows(hidden, dtype, platform):
     """The outliers above in 600 rows (every other row's first column, the
     others' last), which on the GPU take the register kernel's one pass
     rather than fwd_decode."""
-    x = np.array(random(hidden + 5, (600, hidden), jnp.float32))
-    x[0::2, 0] = 3000.0
-    x[1::2, -1] = 3000.0
-    _check_layer_stats(x, platform, dtype)
+    _check_layer_stats(_outliers_at_ends(hidden + 5, 600, hidden), platform, dtype)
 
 
 @pytest.mark.parametrize("kind", KINDS)
