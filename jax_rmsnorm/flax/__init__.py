@@ -9,10 +9,11 @@ Differences: normalization is over the last axis only (``reduction_axes`` and
 (raises at construction); statistics are always float32, taken in two passes
 or in one around a shift near the row's mean, never as E[x^2] - E[x]^2 (the
 README says which kernels take which; ``use_fast_variance`` and
-``force_float32_reductions`` are accepted and change nothing). ``axis_name`` works as in flax, inside ``shard_map`` with the
-features split over that mesh axis: each device holds a slice of the features
-(and of ``scale``/``bias``), and only per-row statistics cross devices. Extra:
-``zero_centered_gamma`` scales by ``1 + scale``.
+``force_float32_reductions`` are accepted and change nothing). ``axis_name``
+works as in flax, inside ``shard_map`` with the features split over that mesh
+axis: each device holds a slice of the features (and of ``scale``/``bias``),
+and only per-row statistics cross devices. Extra: ``zero_centered_gamma``
+scales by ``1 + scale``.
 """
 
 from __future__ import annotations
