@@ -1189,7 +1189,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   auto x_slice = [&](int64_t r) { return static_cast<const T*>(a.x) + r * H + first; };  // row r's slice
   bool in[kSliceItems];
 #pragma unroll
-  for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < H;
+  for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < static_cast<int>(H);  // H <= kSliceVecs * kMaxCluster * VEC
   // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
   // stages, for the parameter offset held_off.
   using ParamPack = Pack<P, VEC>;
