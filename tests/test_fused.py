@@ -513,9 +513,11 @@ def test_fp8_current_unaligned_vmapped(kind, hidden, platform):
 # LayerNorm's per-tensor slots are CTAs of one warp (32 a SM on an H100); at
 # 8192, RMSNorm's per row holds x * gamma in 256-thread CTAs, at 16384 its
 # per row and per group in 512-thread CTAs. At 12288 a row takes one CTA of
-# 384 threads, at 24576 a cluster of two such CTAs (row_threads).
-@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (700, 12288), (600, 16384),
-                                   (300, 24576), (300, 65536)], ids=sid)
+# 384 threads, at 24576 a cluster of two such CTAs (row_threads). At 8200
+# (1025 packs in 288 threads of four) a CTA's last packs lie past the row's
+# end; at the other widths the row's packs fill the threads exactly.
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (1200, 8192), (600, 8200), (700, 12288),
+                                   (600, 16384), (300, 24576), (300, 65536)], ids=sid)
 @pytest.mark.parametrize("quant", ["tensor", "row", "group", "current"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
