@@ -1187,9 +1187,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   auto pack = [&](int i) { return i * blockDim.x + threadIdx.x; };
   auto local = [&](int i) { return (i * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x)) * VEC; };
   auto x_slice = [&](int64_t r) { return static_cast<const T*>(a.x) + r * H + first; };  // row r's slice
+  // Whether pack i is in the row, in 32 bits: H <= kSliceVecs * kMaxCluster * VEC here (slices_fit).
   bool in[kSliceItems];
 #pragma unroll
-  for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < static_cast<int>(H);  // H <= kSliceVecs * kMaxCluster * VEC
+  for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < static_cast<int>(H);
   // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
   // stages, for the parameter offset held_off.
   using ParamPack = Pack<P, VEC>;
