@@ -68,16 +68,20 @@ def main():
     p.add_argument("--shapes", default=None,
                    help="ROWSxHIDDEN,... instead of --rows/--hidden: each shape in turn, every op at each")
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--dtype", default="bfloat16", help="x's (and dy's) dtype")
+    p.add_argument("--param-dtype", default=None, help="gamma's and beta's dtype (default: x's)")
     a = p.parse_args()
+    dtype = jnp.dtype(a.dtype)
+    pdtype = jnp.dtype(a.param_dtype) if a.param_dtype else dtype
     shapes = ([tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes
               else [(a.rows, a.hidden)])
     # Made on the host: no device kernels run before the ops profiled.
     rng = np.random.default_rng(0)
-    put = lambda shape, scale=1.0, offset=0.0: jax.device_put(
-        (offset + scale * rng.standard_normal(shape, np.float32)).astype(jnp.bfloat16))
+    put = lambda shape, dt, scale=1.0, offset=0.0: jax.device_put(
+        (offset + scale * rng.standard_normal(shape, np.float32)).astype(dt))
     for rows, hidden in shapes:
-        x, dy = put((rows, hidden)), put((rows, hidden))
-        g, b = put((hidden,), 0.1, 1.0), put((hidden,), 0.1)
+        x, dy = put((rows, hidden), dtype), put((rows, hidden), dtype)
+        g, b = put((hidden,), pdtype, 0.1, 1.0), put((hidden,), pdtype, 0.1)
         for name in a.ops:
             # The arrays are arguments: closed over, they were constants, and
             # XLA folded its jnp norms at compile time (no kernel ran).

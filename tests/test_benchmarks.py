@@ -73,6 +73,11 @@ def test_profile_ops_runs():
     for name in names:
         for shape in ("4x256", "3x1024"):
             assert f"{name} {shape} ran 2 times" in out, out
+    # Other dtypes: float16 x with float32 parameters.
+    out = run_script(tool, "ln_fwd", "rms_fp8", "--shapes", "4x256", "--calls", "1", "--dtype", "float16",
+                     "--param-dtype", "float32")
+    for name in ("ln_fwd", "rms_fp8"):
+        assert f"{name} 4x256 ran 1 times" in out, out
 
 
 def test_ncu_times(tmp_path):
