@@ -1231,7 +1231,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   auto merge_tensor_max = [&]() {
     if (a.amax == nullptr || tensor < 0) return;
     float mm[1] = {tensor_max};
-    row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    cta_sum<1>(mm, smem, AbsMaxOp{});
     if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
@@ -1340,7 +1340,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     }
     if constexpr (kMergeMax) {
       float red[3] = {acc[0], acc[1], pending_max};
-      row_sum_wide<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
+      cta_sum<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
       acc[0] = red[0];
       acc[1] = red[1];
       pending_max = red[2];
@@ -1348,7 +1348,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         if (pending >= 0) store_pending(pending_max);  // the previous row's
       }
     } else {
-      row_sum_wide<kRed>(acc, smem, RedOp{});
+      cta_sum<kRed>(acc, smem, RedOp{});
     }
     if constexpr (kRefillOwn) {  // the reduction's barrier ordered the stage's reads
       ring.order_refill_after_reduction();
@@ -1570,7 +1570,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   }
   if constexpr (kMergeMax) {  // the last row's (uniform over the cluster)
     float mm[1] = {pending_max};
-    row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    cta_sum<1>(mm, smem, AbsMaxOp{});
     if constexpr (kClusterMerge) {
       if (cluster > 1) {
         float part[kXchg] = {0.f, 0.f, mm[0], 0.f};
