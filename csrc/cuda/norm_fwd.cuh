@@ -2028,9 +2028,10 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     auto kernel = pick(std::false_type{});
     // WHOLE: every CTA's slice is whole packs inside the row (the row's packs
     // fill the cluster's threads exactly), so no pack asks whether it is in
-    // the row. Parameters in x's dtype only: with float32 ones most WHOLE
-    // instances spilled (4-24 bytes, none before).
-    if constexpr (sizeof(P) * VEC == 16) {
+    // the row. 16-bit x with parameters in x's dtype only: with float32
+    // parameters most WHOLE instances spilled 4-24 bytes (none before), with
+    // float32 x LayerNorm's per-row FP8 60-72.
+    if constexpr (sizeof(T) == 2 && sizeof(P) == sizeof(T)) {
       if (static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden) {
         kernel = pick(std::true_type{});
       }
