@@ -836,12 +836,15 @@ __device__ __forceinline__ void warp_sum(float (&v)[M], int width, Op op = {}) {
 // over the warps in every thread: with 16 warps and two sums about 20
 // instructions a thread and row instead of about 100.
 // WARPS: the most warps a row may have (M values of each fit kRowSumSmem).
-template <int M, class Op = SumOp, bool LEAD = false, bool BUTTERFLY = false, int WARPS = kMaxBlockWarps>
+// WHOLE_WARPS: the row is whole warps (at least one), so the shuffles within
+// a warp test no width.
+template <int M, class Op = SumOp, bool LEAD = false, bool BUTTERFLY = false, int WARPS = kMaxBlockWarps,
+          bool WHOLE_WARPS = false>
 __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) {
   static_assert(M * WARPS <= kRowSumSmem, "row_sum: scratch too small");
   static_assert(!(LEAD && BUTTERFLY), "row_sum: LEAD adds in one thread");
   const int tpr = blockDim.x;
-  warp_sum<M>(v, tpr < 32 ? tpr : 32, op);
+  warp_sum<M>(v, WHOLE_WARPS ? 32 : (tpr < 32 ? tpr : 32), op);
   if (tpr <= 32) return;
   const int warps = tpr / 32, lane = threadIdx.x % 32;
   float* mine = smem + threadIdx.y * warps * M;  // this row's warps
@@ -877,6 +880,12 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
 template <int M, class Op = SumOp, int WARPS = kMaxBlockWarps>
 __device__ __forceinline__ void row_sum_wide(float (&v)[M], float* smem, Op op = {}) {
   row_sum<M, Op, false, true, WARPS>(v, smem, op);
+}
+
+// row_sum_wide for CTAs of whole warps (fwd_slices).
+template <int M, class Op = SumOp, int WARPS = kMaxBlockWarps>
+__device__ __forceinline__ void cta_sum(float (&v)[M], float* smem, Op op = {}) {
+  row_sum<M, Op, false, true, WARPS, true>(v, smem, op);
 }
 
 template <int M>

@@ -57,13 +57,13 @@ constexpr int kSliceThreads = 512;
 template <NormKind K>
 constexpr int kGradSums = K == NormKind::kLayer ? 2 : 1;
 
-// WIDE: row_sum_wide (bwd_slices).
+// WIDE: cta_sum (bwd_slices: whole warps).
 template <NormKind K, bool WIDE = false>
 __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
                                               ClusterPush<kGradSums<K>>* exchange = nullptr, int buf = 0) {
   float(&sums)[kGradSums<K>] = reinterpret_cast<float(&)[kGradSums<K>]>(acc);
   if constexpr (WIDE) {
-    row_sum_wide<kGradSums<K>>(sums, smem);
+    cta_sum<kGradSums<K>>(sums, smem);
   } else {
     row_sum<kGradSums<K>>(sums, smem);
   }
@@ -563,7 +563,9 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // copied into shared memory once (sgamma). dgamma/dbeta column sums stay in
 // registers; with `fold` > 1 (whole rows a CTA, so `cluster` is 1) each
 // hardware cluster of `fold` CTAs folds them into one workspace row.
-template <NormKind K, class T, class P, int VEC, bool EARLY>
+// WHOLE: every CTA's slice is whole packs inside the row (launch_bwd_slices
+// checks), so no pack tests whether it is in the row.
+template <NormKind K, class T, class P, int VEC, bool EARLY, bool WHOLE = false>
 __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
@@ -586,6 +588,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // kernels (sm_90 SASS).
   auto pack = [&](int i) { return i * blockDim.x + threadIdx.x; };
   auto local = [&](int i) { return (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC; };
+  auto in_row = [&](int i) { return WHOLE || first + local(i) < H; };
   auto stage = [&](int st, int tensor, int i) {
     return reinterpret_cast<const Vec*>(stages + (2 * st + tensor) * packs + pack(i));
   };
@@ -622,7 +625,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   if (gamma != nullptr) {
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
-      if (first + local(i) < H) load_raw(gamma + first + local(i), sgamma[pack(i)]);
+      if (in_row(i)) load_raw(gamma + first + local(i), sgamma[pack(i)]);
     }
   }
 
@@ -685,14 +688,14 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       if (a.dh) {
 #pragma unroll
         for (int i = 0; i < kSliceItems; ++i) {
-          if (first + local(i) < H)
+          if (in_row(i))
             dhr[i] = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.dh) + row * H + first + local(i));
         }
       }
       float acc[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
-        if (first + local(i) < H) {
+        if (in_row(i)) {
           float xf[VEC], df[VEC], s[VEC];
           unpack(*stage(st, 0, i), xf);
           unpack(*stage(st, 1, i), df);
@@ -711,7 +714,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
-        if (first + local(i) < H) {
+        if (in_row(i)) {
           float xf[VEC], df[VEC], s[VEC], out[VEC];
           unpack(*stage(st, 0, i), xf);
           unpack(*stage(st, 1, i), df);
@@ -760,7 +763,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   }
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) {
-    if (first + local(i) < H) {
+    if (in_row(i)) {
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), dg[i]);
       if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), db[i]);
@@ -1048,7 +1051,7 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // 303.6 and 322.2 -> 288.5; 21845x6144 327.3 -> 333.9 and 308.6 ->
     // 314.4; 10922x12288 level (one round). CTAs of more than half of
     // kSliceThreads (one an SM) take EARLY and the fold below.
-    const int tpr = std::max(32, row_threads(ceil_div(nvec, cluster), kSliceItems));
+    const int tpr = std::max(32, row_threads(ceil_div(nvec, cluster), kSliceItems));  // whole warps (cta_sum)
     // Two stages of x and dy, and gamma's packs (bwd_slices' sgamma).
     const size_t smem = static_cast<size_t>(tpr) * kSliceItems * (2 * 2 * 16 + (a.gamma ? VEC * sizeof(P) : 0));
     // LayerNorm takes EARLY in clusters, and in one CTA of 129 to 255
@@ -1069,7 +1072,10 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     const bool early = tpr > kSliceThreads / 2 ||
                        (K == NormKind::kLayer && (cluster > 1 || (tpr > kSliceThreads / 4 && tpr < kSliceThreads / 2))) ||
                        (K == NormKind::kRms && sizeof(T) == 2 && tpr == 192);
-    auto kernel = early ? bwd_slices<K, T, P, VEC, true> : bwd_slices<K, T, P, VEC, false>;
+    // WHOLE where the row's packs fill the cluster's threads exactly.
+    const bool whole = static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden;
+    auto kernel = early ? (whole ? bwd_slices<K, T, P, VEC, true, true> : bwd_slices<K, T, P, VEC, true>)
+                        : (whole ? bwd_slices<K, T, P, VEC, false, true> : bwd_slices<K, T, P, VEC, false>);
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
     // of kFold CTAs fold their column sums into one workspace row (fold_sums).

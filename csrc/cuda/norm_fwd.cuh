@@ -1116,9 +1116,9 @@ constexpr int kSliceL2AheadCluster = 16;
 template <NormKind K, Quant Q>
 constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
 
-template <NormKind K, Quant Q, class T, class P, int VEC, bool ONE_CTA = false, bool REFILL_AT_END = false,
-          bool STAGED_PARAMS = false, bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>,
-          bool STAGED_HALVES = false>
+template <NormKind K, Quant Q, class T, class P, int VEC, bool WHOLE = false, bool ONE_CTA = false,
+          bool REFILL_AT_END = false, bool STAGED_PARAMS = false,
+          bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>, bool STAGED_HALVES = false>
 __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || HOLD_Y ? 2 : 3)
     __maxnreg__(STAGED_HALVES ? kSliceHalvesRegs : 128) fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
@@ -1190,7 +1190,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   // Whether pack i is in the row, in 32 bits: H <= kSliceVecs * kMaxCluster * VEC here (slices_fit).
   bool in[kSliceItems];
 #pragma unroll
-  for (int i = 0; i < kSliceItems; ++i) in[i] = first + local(i) < static_cast<int>(H);
+  for (int i = 0; i < kSliceItems; ++i) in[i] = WHOLE || first + local(i) < static_cast<int>(H);
   // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
   // stages, for the parameter offset held_off.
   using ParamPack = Pack<P, VEC>;
@@ -1231,7 +1231,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   auto merge_tensor_max = [&]() {
     if (a.amax == nullptr || tensor < 0) return;
     float mm[1] = {tensor_max};
-    row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    cta_sum<1>(mm, smem, AbsMaxOp{});
     if (threadIdx.x == 0) atomic_abs_max(a.amax + tensor, mm[0]);
   };
 
@@ -1340,7 +1340,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     }
     if constexpr (kMergeMax) {
       float red[3] = {acc[0], acc[1], pending_max};
-      row_sum_wide<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
+      cta_sum<3, SumsAbsMaxOp<2>, kSliceThreads / 32>(red, smem);
       acc[0] = red[0];
       acc[1] = red[1];
       pending_max = red[2];
@@ -1348,7 +1348,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         if (pending >= 0) store_pending(pending_max);  // the previous row's
       }
     } else {
-      row_sum_wide<kRed>(acc, smem, RedOp{});
+      cta_sum<kRed>(acc, smem, RedOp{});
     }
     if constexpr (kRefillOwn) {  // the reduction's barrier ordered the stage's reads
       ring.order_refill_after_reduction();
@@ -1570,7 +1570,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   }
   if constexpr (kMergeMax) {  // the last row's (uniform over the cluster)
     float mm[1] = {pending_max};
-    row_sum_wide<1>(mm, smem, AbsMaxOp{});
+    cta_sum<1>(mm, smem, AbsMaxOp{});
     if constexpr (kClusterMerge) {
       if (cluster > 1) {
         float part[kXchg] = {0.f, 0.f, mm[0], 0.f};
@@ -1990,32 +1990,50 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     // lost: 2730x49152 201.1 / 199.4 -> 208.2 / 206.2 (RESULTS.md 1b).
     const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA's slice
     const int tpr = kSliceOwnCopies<K, Q> ? pow2_ceil(ceil_div(share, kSliceItems)) : row_threads(share, kSliceItems);
+    if (tpr % 32 != 0) return ffi::Error::Internal("jax_rmsnorm: fwd_slices takes whole warps");
     const size_t stage_bytes = static_cast<size_t>(tpr) * kSliceItems * 16;  // a CTA's slice of x
     size_t smem = 2 * stage_bytes;                                            // two stages
-    auto kernel = fwd_slices<K, Q, T, P, VEC>;
-    if constexpr (kSliceOneCta<K, Q, P, VEC>) {
-      if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, true>;
-    }
-    if constexpr (kSliceOneCtaRow<K, Q, P, VEC> && std::is_same_v<T, __nv_bfloat16>) {
-      if (cluster == 1 && tpr <= kSliceYSmemThreads) {
-        smem += 2 * stage_bytes;  // the pending row's y, as floats
-        kernel = fwd_slices<K, Q, T, P, VEC, true>;
+    constexpr bool kYSmemRow = kSliceOneCtaRow<K, Q, P, VEC> && std::is_same_v<T, __nv_bfloat16>;
+    const bool ysmem = kYSmemRow && cluster == 1 && tpr <= kSliceYSmemThreads;
+    if (ysmem) smem += 2 * stage_bytes;   // the pending row's y, as floats
+    if (staged) smem += 2 * stage_bytes;  // LayerNorm's gamma and beta packs
+    auto pick = [&](auto whole) {
+      constexpr bool W = decltype(whole)::value;
+      auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
+      if constexpr (kSliceOneCta<K, Q, P, VEC>) {
+        if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
       }
-    }
-    if constexpr (kSliceRefillAtEnd<K, Q>) {
-      if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true>;
-    }
-    if constexpr (K == NormKind::kRms && kSliceHoldY<K, Q, T>) {
-      if (cluster == 1 && tpr >= kSliceRmsHoldThreads) kernel = fwd_slices<K, Q, T, P, VEC, false, false, false, true>;
-      if constexpr (Q == Quant::kRow) {
-        if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, false, true, false, true>;
+      if constexpr (kYSmemRow) {
+        if (ysmem) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
       }
-    }
-    if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
-      if (staged) {  // LayerNorm's: gamma and beta
-        smem += 2 * stage_bytes;  // gamma's and beta's packs
-        kernel = halves ? fwd_slices<K, Q, T, P, VEC, false, true, true, kSliceHoldY<K, Q, T>, true>
-                        : fwd_slices<K, Q, T, P, VEC, false, true, true>;
+      if constexpr (kSliceRefillAtEnd<K, Q>) {
+        if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true>;
+      }
+      if constexpr (K == NormKind::kRms && kSliceHoldY<K, Q, T>) {
+        if (cluster == 1 && tpr >= kSliceRmsHoldThreads) {
+          kernel = fwd_slices<K, Q, T, P, VEC, W, false, false, false, true>;
+        }
+        if constexpr (Q == Quant::kRow) {
+          if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true>;
+        }
+      }
+      if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
+        if (staged) {
+          kernel = halves ? fwd_slices<K, Q, T, P, VEC, W, false, true, true, kSliceHoldY<K, Q, T>, true>
+                          : fwd_slices<K, Q, T, P, VEC, W, false, true, true>;
+        }
+      }
+      return kernel;
+    };
+    auto kernel = pick(std::false_type{});
+    // WHOLE: every CTA's slice is whole packs inside the row (the row's packs
+    // fill the cluster's threads exactly), so no pack asks whether it is in
+    // the row. 16-bit x with parameters in x's dtype only: with float32
+    // parameters most WHOLE instances spilled 4-24 bytes (none before), with
+    // float32 x LayerNorm's per-row FP8 60-72.
+    if constexpr (sizeof(T) == 2 && sizeof(P) == sizeof(T)) {
+      if (static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden) {
+        kernel = pick(std::true_type{});
       }
     }
     int resident = 0;
