@@ -1072,10 +1072,17 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     const bool early = tpr > kSliceThreads / 2 ||
                        (K == NormKind::kLayer && (cluster > 1 || (tpr > kSliceThreads / 4 && tpr < kSliceThreads / 2))) ||
                        (K == NormKind::kRms && sizeof(T) == 2 && tpr == 192);
-    // WHOLE where the row's packs fill the cluster's threads exactly.
-    const bool whole = static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden;
+    // WHOLE where the row's packs fill the cluster's threads exactly, in
+    // EARLY instances only. H200 same-call A/B, two rounds, bf16 (us):
+    // with WHOLE, LayerNorm 8192x16384 239.2/238.7 -> 222.2/221.4,
+    // 2048x65536 254.4/256.0 -> 240.3/241.7, 512x262144 273.7/274.6 ->
+    // 260.3/259.2; but at 32768x4096 (non-EARLY, where LayerNorm's WHOLE
+    // instance spills 16 bytes) RMSNorm 214.0/218.1 -> 228.1/225.2 and
+    // LayerNorm 217.6/217.4 -> 222.6/221.9.
+    const bool whole =
+        early && static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden;
     auto kernel = early ? (whole ? bwd_slices<K, T, P, VEC, true, true> : bwd_slices<K, T, P, VEC, true>)
-                        : (whole ? bwd_slices<K, T, P, VEC, false, true> : bwd_slices<K, T, P, VEC, false>);
+                        : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.
     // Where one CTA of kSliceThreads holds a row (one CTA per SM), clusters
     // of kFold CTAs fold their column sums into one workspace row (fold_sums).
