@@ -5,7 +5,9 @@
 # an op) narrow it: each profiled launch is replayed once per counter pass (about
 # 18) with its memory saved and restored, and at 2^27 elements four launches of
 # rms_bwd at 10920x12290 did not finish in 120 s (2026-11-27, H100). E.g.
-# KERNELS=bwd_unaligned COUNT=1 LIMIT=200 for that one kernel.
+# KERNELS=bwd_unaligned COUNT=1 LIMIT=200 for that one kernel. EXTRA passes more
+# arguments to profile_ops.py (e.g. EXTRA="--param-dtype float32"), TAG is
+# added to the report's name (ncu_OP_HIDDEN_TAG.txt).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 rows=$1; hidden=$2; shift 2
@@ -14,8 +16,9 @@ for op in "$@"; do
     --launch-skip 0 --launch-count "${COUNT:-4}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \
-    python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 \
-    > "$OUT/ncu_${op}_${hidden}.txt" 2>&1
-  echo "$op: exit $?"
-  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${op}_${hidden}.txt" | head -60
+    python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 ${EXTRA:-} \
+    > "$OUT/ncu_${op}_${hidden}${TAG:+_$TAG}.txt" 2>&1
+  echo "$op${TAG:+ ($TAG)}: exit $?"
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit Rate|L2 Hit Rate|Shared Memory Configuration Size|Mem Busy|Max Bandwidth|L1/TEX Cache Throughput" \
+    "$OUT/ncu_${op}_${hidden}${TAG:+_$TAG}.txt" | head -60
 done
