@@ -882,7 +882,7 @@ __device__ __forceinline__ void row_sum_wide(float (&v)[M], float* smem, Op op =
   row_sum<M, Op, false, true, WARPS>(v, smem, op);
 }
 
-// row_sum_wide for CTAs of whole warps (fwd_slices).
+// row_sum_wide for CTAs of whole warps (fwd_slices, bwd_slices).
 template <int M, class Op = SumOp, int WARPS = kMaxBlockWarps>
 __device__ __forceinline__ void cta_sum(float (&v)[M], float* smem, Op op = {}) {
   row_sum<M, Op, false, true, WARPS, true>(v, smem, op);
@@ -1211,6 +1211,13 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int row_threads(int64_t packs, int items) {
   const int64_t per_thread = ceil_div(packs, items);
   return per_thread <= 32 ? pow2_ceil(per_thread) : static_cast<int>(ceil_div(per_thread, 32) * 32);
+}
+
+// Whether a row of `hidden` elements, `packs` packs of `vec`, fills `cluster`
+// CTAs of `tpr` threads of `items` packs exactly: every thread's every pack
+// lies inside the row (the slice kernels' WHOLE instances).
+inline bool fills_threads(int64_t packs, int vec, int64_t hidden, int cluster, int tpr, int items) {
+  return static_cast<int64_t>(cluster) * tpr * items == packs && packs * vec == hidden;
 }
 
 inline ffi::Error too_many_rows() { return ffi::Error::InvalidArgument("jax_rmsnorm: too many rows"); }

@@ -1079,8 +1079,7 @@ ffi::Error launch_bwd_slices(cudaStream_t stream, const BwdArgs& a, int64_t nvec
     // 260.3/259.2; but at 32768x4096 (non-EARLY, where LayerNorm's WHOLE
     // instance spills 16 bytes) RMSNorm 214.0/218.1 -> 228.1/225.2 and
     // LayerNorm 217.6/217.4 -> 222.6/221.9.
-    const bool whole =
-        early && static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden;
+    const bool whole = early && fills_threads(nvec, VEC, a.shape.hidden, cluster, tpr, kSliceItems);
     auto kernel = early ? (whole ? bwd_slices<K, T, P, VEC, true, true> : bwd_slices<K, T, P, VEC, true>)
                         : bwd_slices<K, T, P, VEC, false>;
     // Persistent slots: as many clusters as are resident on the GPU at once.

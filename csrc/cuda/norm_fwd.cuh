@@ -2032,7 +2032,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     // parameters most WHOLE instances spilled 4-24 bytes (none before), with
     // float32 x LayerNorm's per-row FP8 60-72.
     if constexpr (sizeof(T) == 2 && sizeof(P) == sizeof(T)) {
-      if (static_cast<int64_t>(cluster) * tpr * kSliceItems == nvec && nvec * VEC == a.shape.hidden) {
+      if (fills_threads(nvec, VEC, a.shape.hidden, cluster, tpr, kSliceItems)) {
         kernel = pick(std::true_type{});
       }
     }
