@@ -93,7 +93,8 @@ def executed(args):
     """--executed SRC.CSV [ELEMENTS] [--dump FILE]: executed instructions by opcode."""
     dump = args.pop(args.index("--dump") + 1) if "--dump" in args else None
     path, elems = args[0], float(args[1]) if len(args) > 1 else 0.0
-    rows = list(csv.reader(open(path, newline="", errors="replace")))
+    with open(path, newline="", errors="replace") as f:
+        rows = list(csv.reader(f))
     at = next(i for i, r in enumerate(rows) if "Source" in (c.strip() for c in r))
     head = [c.strip() for c in rows[at]]
     src, count, addr = head.index("Source"), head.index("Instructions Executed"), head.index("Address")

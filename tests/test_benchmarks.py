@@ -140,3 +140,26 @@ def test_sass_summary_waits():
     counts = subprocess.run([sys.executable, str(script), "kernel"], input=SASS, capture_output=True, text=True,
                             check=True).stdout
     assert counts.split()[0] == "8" and "LDG:3" in counts, counts
+
+
+def test_sass_summary_executed(tmp_path):
+    # Nsight Compute's source page as CSV: a preamble, then the header row.
+    # Unexecuted lines (0) and lines without a count are left out.
+    src = tmp_path / "src.csv"
+    src.write_text('"Kernel","fwd"\n'
+                   '"Address","Source","Instructions Executed"\n'
+                   '"0x10","@P0 LDG.E.128 R4, [R2.64]","2,048"\n'
+                   '"0x20","FADD R4, R4, R5","3,072"\n'
+                   '"0x30","FADD R6, R4, R5","1,024"\n'
+                   '"0x40","EXIT","0"\n'
+                   '"0x50","","n/a"\n')
+    dump = tmp_path / "lines.txt"
+    script = BENCH.parent / "sass_summary.py"
+    out = subprocess.run([sys.executable, str(script), "--executed", str(src), "16384", "--dump", str(dump)],
+                         capture_output=True, text=True, check=True).stdout
+    first, fadd, ldg = out.splitlines()[:3]
+    assert first.split()[0] == "6,144" and first.split()[-3] == "12.00", out  # 6144 * 32 / 16384
+    assert fadd.split()[0] == "4,096" and "FADD" in fadd and "8.00" in fadd, out
+    assert ldg.split()[0] == "2,048" and "LDG" in ldg, out
+    assert dump.read_text().splitlines() == ["0x10 2048 @P0 LDG.E.128 R4, [R2.64]", "0x20 3072 FADD R4, R4, R5",
+                                             "0x30 1024 FADD R6, R4, R5"]
