@@ -12,13 +12,14 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 rows=$1; hidden=$2; shift 2
 for op in "$@"; do
+  report="$OUT/ncu_${op}_${hidden}${TAG:+_$TAG}.txt"
   timeout "${LIMIT:-120}" ncu --clock-control none --kernel-name regex:"${KERNELS:-fwd_|bwd_|stats|apply|reduce_cols|dgamma}" \
     --launch-skip 0 --launch-count "${COUNT:-4}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section SchedulerStats --section InstructionStats \
     python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 ${EXTRA:-} \
-    > "$OUT/ncu_${op}_${hidden}${TAG:+_$TAG}.txt" 2>&1
+    > "$report" 2>&1
   echo "$op${TAG:+ ($TAG)}: exit $?"
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit Rate|L2 Hit Rate|Shared Memory Configuration Size|Mem Busy|Max Bandwidth|L1/TEX Cache Throughput" \
-    "$OUT/ncu_${op}_${hidden}${TAG:+_$TAG}.txt" | head -60
+    "$report" | head -60
 done
