@@ -869,11 +869,13 @@ __device__ __forceinline__ void row_sum(float (&v)[M], float* smem, Op op = {}) 
   if (!LEAD) __syncthreads();  // smem may be reused right after
 }
 
-// For CTAs of many warps walking rows (fwd_slices, bwd_slices). Same-call
-// A/B on an H100, bf16, us: 2048x65536 LayerNorm backward 378 / 376 -> 359
-// / 357, forward 229 / 230 -> 225 / 225; 512x262144 backward 413 / 411 ->
-// 384 / 388, forward 246 / 246 -> 236 / 236; LayerNorm per-tensor FP8
-// 2048x65536 215 / 212 -> 199 / 199; the RMSNorm cells level. Not in
+// For CTAs of many warps (fwd_decode); fwd_slices and bwd_slices, whose
+// CTAs are whole warps, take cta_sum below, the same butterfly. Measured
+// there, when they took this: same-call A/B on an H100, bf16, us:
+// 2048x65536 LayerNorm backward 378 / 376 -> 359 / 357, forward 229 / 230
+// -> 225 / 225; 512x262144 backward 413 / 411 -> 384 / 388, forward 246 /
+// 246 -> 236 / 236; LayerNorm per-tensor FP8 2048x65536 215 / 212 -> 199 /
+// 199; the RMSNorm cells level. Not in
 // fwd_regs (up to 32 warps a row): there ptxas then put each of a row's
 // loads in a branch of its own with its unpacking, so that they waited for
 // each other (LayerNorm 32768x4096 188 -> 238 us).
