@@ -204,9 +204,30 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
 // this many threads (see there).
 constexpr int kOnePassMinThreads = 128;
 
-template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false>
-__global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kMaxRowThreads : kQuantRowThreads,
-                                  Q == Quant::kNone ? 1 : kQuantMinBlocks) fwd_regs(FwdArgs a, int cluster_arg) {
+// LayerNorm's plain forward of 16-bit x with float32 parameters, in rows of
+// exactly kP32Threads threads (hidden 3080-4096 in packs of 8), runs in an
+// instance of its own (P32): one row a CTA, kP32MinCtas CTAs resident, so a
+// register cap of 72 rather than 64, where its one-pass statistics fit
+// without spilling. Same-call A/B on an H200, bf16 x, two rounds, us
+// (RESULTS.md 1za): 32768x4096 163.0 / 166.4 -> 156.3 / 156.9, float16 x
+// 162.4 / 161.7 -> 154.0 / 154.7. Not for narrower rows, which take two
+// passes (below kOnePassMinThreads) and where these CTAs lost 3% at
+// 65536x2048 (159.2 / 158.7 -> 163.2 / 163.6); nor CTAs of 256 threads,
+// three resident (72 registers): 4096 8% slower, 8192 10% (176-182 us); in
+// those, the next pack's parameters loaded before the previous pack's store
+// (two buffers) took 80 registers, spilled 16 bytes and lost more (180.8 us
+// at 4096).
+constexpr int kP32Threads = 128;
+constexpr int kP32MinCtas = 7;
+static_assert(kP32Threads >= kOnePassMinThreads, "the P32 instance exists for its one-pass statistics");
+
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ, bool EARLY = false, bool P32 = false>
+__global__ void __launch_bounds__(P32     ? kP32Threads
+                                  : EARLY ? kEarlyThreads
+                                  : Q == Quant::kNone ? kMaxRowThreads
+                                                      : kQuantRowThreads,
+                                  P32 ? kP32MinCtas : Q == Quant::kNone ? 1 : kQuantMinBlocks)
+    fwd_regs(FwdArgs a, int cluster_arg) {
   // EARLY launches are never clustered: a constant 1 spares their prologue two
   // integer divisions by the runtime cluster size (about 45 instructions).
   const int cluster = EARLY ? 1 : cluster_arg;
@@ -291,11 +312,12 @@ __global__ void __launch_bounds__(EARLY ? kEarlyThreads : Q == Quant::kNone ? kM
   //     rounds, us (RESULTS.md 1w): bf16 32768x4096 149.3/150.4 ->
   //     146.0/146.2, float16 150.1/150.1 -> 146.2/146.4, float32 65536x2048
   //     272.0/272.7 -> 268.7/270.8;
-  //   - with float32 parameters on 16-bit x (kLayerOnePass false): the one-pass
-  //     instance spills 16 bytes and lost 6% at 32768x4096.
+  //   - with float32 parameters on 16-bit x, except in the P32 instance: at
+  //     64 registers the one-pass instance spills 16 bytes and lost 6% at
+  //     32768x4096 (RESULTS.md 1v).
   // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
   // merged across warps by a butterfly; 32768x4096 155.2 -> 184.8 us.
-  constexpr bool kLayerOnePass = K == NormKind::kLayer && std::is_same_v<T, P>;
+  constexpr bool kLayerOnePass = K == NormKind::kLayer && (std::is_same_v<T, P> || P32);
   const bool two_passes = !kLayerOnePass || (!EARLY && a.residual) || blockDim.x < kOnePassMinThreads;
   float mean = 0.f;
   float ss[1];
@@ -2191,6 +2213,15 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         if (a.shape.rows <= 2 * sms) JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kDecodeThreads, &grid, &block));
         fwd_regs<K, Q, T, P, VEC, XQ, true><<<grid, block, 0, stream>>>(a, 1);
         return check_launch("fwd_regs (early parameters)");
+      }
+    }
+    if constexpr (K == NormKind::kLayer && Q == Quant::kNone && !XQ && sizeof(T) == 2 && std::is_same_v<P, float>) {
+      // Rows of one CTA of kP32Threads, not the residual add's (two passes
+      // there; not measured in this instance).
+      if (tpr == kP32Threads && !a.residual) {
+        JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
+        fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
+        return check_launch("fwd_regs (float32 parameters)");
       }
     }
     fwd_regs<K, Q, T, P, VEC, XQ><<<grid, block, 0, stream>>>(a, 1);
