@@ -205,19 +205,24 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
 constexpr int kOnePassMinThreads = 128;
 
 // LayerNorm's plain forward of 16-bit x with float32 parameters, in rows of
-// exactly kP32Threads threads (hidden 3080-4096 in packs of 8), runs in an
-// instance of its own (P32): one row a CTA, kP32MinCtas CTAs resident, so a
-// register cap of 72 rather than 64, where its one-pass statistics fit
-// without spilling. Same-call A/B on an H200, bf16 x, two rounds, us
-// (RESULTS.md 1za): 32768x4096 163.0 / 166.4 -> 156.3 / 156.9, float16 x
-// 162.4 / 161.7 -> 154.0 / 154.7. Not for narrower rows, which take two
-// passes (below kOnePassMinThreads) and where these CTAs lost 3% at
-// 65536x2048 (159.2 / 158.7 -> 163.2 / 163.6); nor CTAs of 256 threads,
-// three resident (72 registers): 4096 8% slower, 8192 10% (176-182 us); in
-// those, the next pack's parameters loaded before the previous pack's store
-// (two buffers) took 80 registers, spilled 16 bytes and lost more (180.8 us
-// at 4096).
+// exactly kP32Threads or kP32RowThreads threads (hidden 3080-4096 or
+// 1032-2048 in packs of 8), runs in an instance of its own (P32): CTAs of
+// kP32Threads (one row or two), kP32MinCtas of them resident, so a register
+// cap of 72 rather than 64, where its one-pass statistics fit without
+// spilling, from rows of kP32RowThreads. Same-call A/B on an H200, two
+// rounds, us (RESULTS.md 1za): 32768x4096 bf16 x 162.9 / 163.4 -> 157.3 /
+// 159.1, float16 x 165.3 / 162.3 -> 156.2 / 157.9, zero-centred 165.2 /
+// 164.9 -> 158.6 / 158.9, 37449x3584 172.4 / 167.8 -> 162.4 / 164.8;
+// 65536x2048 bf16 159.3 / 160.0 -> 153.6 / 158.1, float16 159.0 / 158.4 ->
+// 155.4 / 155.1. There with two passes it lost 3% (163.2 / 163.6); rows of
+// 32 and 96 threads keep the general instance (not measured in this one).
+// Not kept: CTAs of 256 threads, three resident (72 registers): 4096 8%
+// slower, 8192 10% (176-182 us); in those, the next pack's parameters loaded
+// before the previous pack's store (two buffers) took 80 registers, spilled
+// 16 bytes and lost more (180.8 us at 4096); rows of 8192 in clusters of two
+// P32 CTAs: 166.8 -> 220-222 us.
 constexpr int kP32Threads = 128;
+constexpr int kP32RowThreads = 64;
 constexpr int kP32MinCtas = 7;
 static_assert(kP32Threads >= kOnePassMinThreads, "the P32 instance exists for its one-pass statistics");
 
@@ -307,18 +312,20 @@ __global__ void __launch_bounds__(P32     ? kP32Threads
   //   - with a residual: the shift's three loads read x and the residual again
   //     (add_ln 32768x4096 +2.6%, RESULTS.md 1u);
   //   - in rows of fewer than kOnePassMinThreads threads (blockDim.x, uniform
-  //     over the CTA): one pass lost 2% at 131072x1024 (32 threads a row,
-  //     RESULTS.md 1u). Rows of 128 threads take one pass: same-call A/B, two
-  //     rounds, us (RESULTS.md 1w): bf16 32768x4096 149.3/150.4 ->
-  //     146.0/146.2, float16 150.1/150.1 -> 146.2/146.4, float32 65536x2048
-  //     272.0/272.7 -> 268.7/270.8;
+  //     over the CTA; kP32RowThreads in the P32 instance): one pass lost 2%
+  //     at 131072x1024 (32 threads a row, RESULTS.md 1u). Rows of 128
+  //     threads take one pass: same-call A/B, two rounds, us (RESULTS.md
+  //     1w): bf16 32768x4096 149.3/150.4 -> 146.0/146.2, float16
+  //     150.1/150.1 -> 146.2/146.4, float32 65536x2048 272.0/272.7 ->
+  //     268.7/270.8;
   //   - with float32 parameters on 16-bit x, except in the P32 instance: at
   //     64 registers the one-pass instance spills 16 bytes and lost 6% at
   //     32768x4096 (RESULTS.md 1v).
   // Not kept (RESULTS.md 6ze): each warp's count, mean and M2 by shuffles,
   // merged across warps by a butterfly; 32768x4096 155.2 -> 184.8 us.
   constexpr bool kLayerOnePass = K == NormKind::kLayer && (std::is_same_v<T, P> || P32);
-  const bool two_passes = !kLayerOnePass || (!EARLY && a.residual) || blockDim.x < kOnePassMinThreads;
+  const bool two_passes =
+      !kLayerOnePass || (!EARLY && a.residual) || blockDim.x < (P32 ? kP32RowThreads : kOnePassMinThreads);
   float mean = 0.f;
   float ss[1];
   if (two_passes) {
@@ -2216,9 +2223,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       }
     }
     if constexpr (K == NormKind::kLayer && Q == Quant::kNone && !XQ && sizeof(T) == 2 && std::is_same_v<P, float>) {
-      // Rows of one CTA of kP32Threads, not the residual add's (two passes
-      // there; not measured in this instance).
-      if (tpr == kP32Threads && !a.residual) {
+      // Not the residual add's rows (two passes there; not measured in this
+      // instance).
+      if ((tpr == kP32Threads || tpr == kP32RowThreads) && !a.residual) {
         JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
         fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
         return check_launch("fwd_regs (float32 parameters)");
