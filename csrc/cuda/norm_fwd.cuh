@@ -2223,9 +2223,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
       }
     }
     if constexpr (K == NormKind::kLayer && Q == Quant::kNone && !XQ && sizeof(T) == 2 && std::is_same_v<P, float>) {
-      // Not the residual add's rows (two passes there; not measured in this
-      // instance).
-      if ((tpr == kP32Threads || tpr == kP32RowThreads) && !a.residual) {
+      // Not the residual add's rows (two passes there) nor given statistics
+      // (layer_norm_apply): neither was measured in this instance.
+      if ((tpr == kP32Threads || tpr == kP32RowThreads) && !a.residual && !a.given_stats) {
         JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
         fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
         return check_launch("fwd_regs (float32 parameters)");
