@@ -1932,7 +1932,19 @@ constexpr int64_t kRegsCtaVecs =
 // 16368x8200 level; 9362x14336, two of 448, level), float32 x (21845x6144
 // 370.1 / 371.2 -> 389.4 / 389.8), RMSNorm (10922x12288 191.2 / 188.8 ->
 // 202.3 / 203.4, knob build). RESULTS.md 1c.
-template <NormKind K, class T>
+//
+// With float32 parameters (and 16-bit x) LayerNorm's rows of more than
+// kBlockThreads threads (hidden 8200-16384) all go to fwd_slices: fwd_regs'
+// CTA of one row holds float32 gamma and beta in registers beside x and, at
+// 64 registers, takes two passes. Same-call A/B on an H200, us, two rounds,
+// fwd_regs -> fwd_slices, bf16 x: 14563x9216 179.2 / 180.1 -> 162.5 /
+// 162.7, 13107x10240 174.8 / 177.4 -> 163.1 / 165.7, 9362x14336 197.6 /
+// 197.7 -> 170.3 / 167.0, 8192x16384 197.5 / 196.3 -> 183.5 / 184.3; float16
+// x: 13107x10240 177.0 / 179.7 -> 171.1 / 170.5, 8192x16384 194.4 / 196.3 ->
+// 192.5 / 191.7. Not taken at 256 threads (hidden 8192): bf16 level (168.2
+// / 167.3 -> 168.5 / 172.9), float16 slower (165.0 / 166.8 -> 183.8 /
+// 183.8). RESULTS.md 1zb.
+template <NormKind K, class T, class P>
 bool plain_slices(const FwdArgs& a, int64_t nvec) {
   if (a.shape.rows <= 2 * device_attribute<cudaDevAttrMultiProcessorCount>()) return false;
   if constexpr (K == NormKind::kRms) {
@@ -1941,6 +1953,7 @@ bool plain_slices(const FwdArgs& a, int64_t nvec) {
   }
   if (nvec > kSliceVecs) return true;
   const int tpr = row_threads(nvec, kRegItems);
+  if (sizeof(T) == 2 && std::is_same_v<P, float> && tpr > kBlockThreads) return true;
   return sizeof(T) == 2 && tpr >= kBlockThreads && 6 * (kMaxRowThreads / tpr) * tpr < 5 * kMaxRowThreads;
 }
 
@@ -1953,7 +1966,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
     const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
                              : Q == Quant::kTensor || Q == Quant::kRow ? kSliceMinVecs
                              : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
-                             : Q == Quant::kNone && plain_slices<K, T>(a, nvec) ? 1
+                             : Q == Quant::kNone && plain_slices<K, T, P>(a, nvec) ? 1
                                                                              : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
