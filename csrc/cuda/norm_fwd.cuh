@@ -1020,7 +1020,7 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
 // pack again: 32 registers more (64, no stack), two CTAs an SM (in bf16
-// rows of CTAs of up to 128 threads, in shared memory instead:
+// rows of CTAs of one warp, in shared memory instead:
 // kSliceYSmemThreads). Same-call
 // A/B on an H200, bf16, us, two rounds each, again -> held: 65536x2048 209.9
 // / 207.4 -> 170.3 / 167.6, 32768x4096 205.1 / 200.2 -> 166.1 / 164.3,
@@ -2003,13 +2003,18 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 constexpr int kSliceRmsHoldThreads = 256;
 // LayerNorm's per-row FP8 of bf16 x with its parameters held (ONE_CTA) and
 // y in shared memory (kYSmem) where one CTA of at most this many threads
-// takes the row (hidden 1024 to 4096). Same-call A/B on an H100, bf16, us,
-// two rounds, y in registers -> in shared memory: 131072x1024 185.5 / 184.7
-// -> 178.1 / 177.5, 32768x4096 184.1 / 181.5 -> 178.4 / 177.9. Not taken:
+// takes the row (hidden 1024). First measured on an H100 from CTAs of up to
+// 128 threads (hidden 1024 to 4096; same-call A/B, bf16, us, two rounds, y
+// in registers -> in shared memory: 131072x1024 185.5 / 184.7 -> 178.1 /
+// 177.5, 32768x4096 184.1 / 181.5 -> 178.4 / 177.9). On later code, on an
+// H200, y in registers (as float16 x has it) won back the CTAs of 64-128
+// threads: shared memory -> registers, 32768x4096 153.6 / 151.3 -> 141.7 /
+// 142.8, 65536x2048 151.9 / 150.8 -> 150.7 / 146.6, 43690x3072 150.6 /
+// 150.3 -> 151.5 / 150.6 (RESULTS.md 1zb). Not taken:
 // CTAs of 256 (16384x8192 180.4 / 178.2 -> 184.0 / 185.1: three CTAs an
 // SM by shared memory against four by registers), float16 x (32768x4096
 // 184.2 / 181.7 -> 183.5 / 185.4, with a 4-byte spill). RESULTS.md 6z.
-constexpr int kSliceYSmemThreads = 128;
+constexpr int kSliceYSmemThreads = 32;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
   if constexpr (sizeof(T) * VEC != 16) {
