@@ -221,6 +221,9 @@ constexpr int kOnePassMinThreads = 128;
 // before the previous pack's store (two buffers) took 80 registers, spilled
 // 16 bytes and lost more (180.8 us at 4096); rows of 8192 in clusters of two
 // P32 CTAs: 166.8 -> 220-222 us.
+// The same instance (CTAs of kP32Threads, kP32MinCtas resident) also takes
+// RMSNorm's per-row FP8 of 16-bit x with parameters in x's dtype, in rows of
+// kP32RowThreads threads (see there and at its launch).
 constexpr int kP32Threads = 128;
 constexpr int kP32RowThreads = 64;
 constexpr int kP32MinCtas = 7;
@@ -300,6 +303,35 @@ __global__ void __launch_bounds__(P32     ? kP32Threads
     for (int i = 0; i < kRegItems; ++i) {
       if (in[i]) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + column(i), v[i]);
     }
+  }
+  // RMSNorm's per-row FP8 (P32 CTAs): the row's max |x * scale| is reduced
+  // with its sum of squares, one reduction a row (max |y| = rstd * that max),
+  // and x * scale stays in v for the output.
+  if constexpr (P32 && K == NormKind::kRms && Q == Quant::kRow) {
+    const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) add_sq_scaled_max<VEC>(acc, v[i], gamma, column(i), a.zero_centered, v[i]);
+    }
+    row_sum<2>(acc, smem, SumAbsMaxOp{});
+    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    const float scale = quant_scale(rstd * acc[1], a.fp8, a.scale_ub);
+    const float inv = 1.f / scale;
+#pragma unroll
+    for (int i = 0; i < kRegItems; ++i) {
+      if (in[i]) {
+        float y[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) y[j] = v[i][j] * rstd;
+        store_q<VEC>(a, row * H + column(i), y, inv);
+      }
+    }
+    if (valid && threadIdx.x == 0) {
+      a.qscale[row] = scale;
+      a.rstd[row] = rstd;
+    }
+    return;
   }
   // LayerNorm's statistics, two ways.
   // - One pass: sum(d) and sum(d^2) with d = v - layer_shift (the median of
@@ -2111,6 +2143,24 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
   }
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
+  if constexpr (K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 && std::is_same_v<P, T>) {
+    // RMSNorm's per-row FP8 of 16-bit x in rows of kP32RowThreads threads
+    // (hidden 1032-2048 in packs of 8) goes to fwd_regs' P32 CTAs (two rows a
+    // CTA of 128, seven CTAs resident), not to fwd_slices. Same-call A/B on
+    // an H200, two rounds, us, fwd_slices -> P32: bf16 87381x1536 168.2 /
+    // 170.1 -> 153.8 / 152.1, 65536x2048 136.8 / 136.1 -> 133.2 / 132.6;
+    // float16 65536x2048 137.4 / 136.4 -> 131.7 / 132.0 (RESULTS.md 1zb).
+    // Not taken: rows of 128 threads (32768x4096 130.0 / 129.5 -> 135.2 /
+    // 135.0), LayerNorm's per row at 2048-4096 (10-21% slower), float32
+    // parameters, the residual add and given statistics (not measured).
+    const int tpr = row_threads(nvec, kRegItems);
+    if (!a.residual && !a.given_stats && tpr == kP32RowThreads) {
+      dim3 grid, block;
+      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
+      fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
+      return check_launch("fwd_regs (per-row FP8, CTAs of 128)");
+    }
+  }
   if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) {
     // Whole warps beyond one (row_threads), not a power of two of threads:
     // fewer threads without columns. Same-call A/B on an H100, bf16, us, one
