@@ -2143,7 +2143,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
   }
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
-  if constexpr (K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 && std::is_same_v<P, T>) {
+  if constexpr (K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 &&
+                std::is_same_v<P, T>) {
     // RMSNorm's per-row FP8 of 16-bit x in rows of kP32RowThreads threads
     // (hidden 1032-2048 in packs of 8) goes to fwd_regs' P32 CTAs (two rows a
     // CTA of 128, seven CTAs resident), not to fwd_slices. Same-call A/B on
@@ -2153,6 +2154,8 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     // Not taken: rows of 128 threads (32768x4096 130.0 / 129.5 -> 135.2 /
     // 135.0), LayerNorm's per row at 2048-4096 (10-21% slower), float32
     // parameters, the residual add and given statistics (not measured).
+    // Taken at every row count: the latency of decode-time rows (a few CTAs)
+    // in this instance is not measured.
     const int tpr = row_threads(nvec, kRegItems);
     if (!a.residual && !a.given_stats && tpr == kP32RowThreads) {
       dim3 grid, block;
