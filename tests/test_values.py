@@ -121,7 +121,7 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 @pytest.mark.parametrize("hidden", [1024, 1032, 2048, 3072, 3080, 3584, 4096, 4104, 8192, 8200, 10240, 16384])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("platform", ["gpu"])
-def test_layer_float32_params_own_instance(dtype, hidden, platform):
+def test_layer_float32_params_paths(dtype, hidden, platform):
     forms = [(jnp.float32, False, True), (jnp.float32, True, True), (jnp.float32, False, False)]
     for i, (gdtype, zc, with_beta) in enumerate(forms):
         _check("layer", dtype, (300, hidden), platform, gdtype, zc, with_beta,
