@@ -2145,19 +2145,26 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
   if constexpr (K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 &&
                 std::is_same_v<P, T>) {
-    // RMSNorm's per-row FP8 of 16-bit x in rows of kP32RowThreads threads
-    // (hidden 1032-2048 in packs of 8) goes to fwd_regs' P32 CTAs (two rows a
-    // CTA of 128, seven CTAs resident), not to fwd_slices. Same-call A/B on
-    // an H200, two rounds, us, fwd_slices -> P32: bf16 87381x1536 168.2 /
-    // 170.1 -> 153.8 / 152.1, 65536x2048 136.8 / 136.1 -> 133.2 / 132.6;
-    // float16 65536x2048 137.4 / 136.4 -> 131.7 / 132.0 (RESULTS.md 1zb).
-    // Not taken: rows of 128 threads (32768x4096 130.0 / 129.5 -> 135.2 /
+    // RMSNorm's per-row FP8 of 16-bit x in rows of 16 to kP32RowThreads
+    // threads (hidden 264-2048 in packs of 8) goes to fwd_regs' P32 CTAs of
+    // 128 (two to eight rows each, seven CTAs resident), not to fwd_regs'
+    // CTAs of 512 (hidden up to 1024) or fwd_slices (2048). Same-call A/B on
+    // an H200, two rounds, us: rows of 64 threads, fwd_slices -> P32, bf16
+    // 87381x1536 168.2 / 170.1 -> 153.8 / 152.1, 65536x2048 136.8 / 136.1 ->
+    // 133.2 / 132.6, float16 65536x2048 137.4 / 136.4 -> 131.7 / 132.0
+    // (RESULTS.md 1zb); rows of 16 and 32, CTAs of 512 -> P32, bf16
+    // 262144x512 134.0 / 133.7 -> 125.6 / 126.8, 131072x1024 134.4 / 134.6
+    // -> 126.7 / 125.1, float16 131072x1024 134.7 / 134.4 -> 125.6 / 126.2
+    // (RESULTS.md 1zc). Not taken: rows of 96 threads (43690x3072 from
+    // fwd_slices, bf16 129.7 / 130.0 -> 135.2 / 136.0, float16 127.5 / 134.9
+    // -> 136.2 / 135.2) and of 128 (32768x4096 130.0 / 129.5 -> 135.2 /
     // 135.0), LayerNorm's per row at 2048-4096 (10-21% slower), float32
-    // parameters, the residual add and given statistics (not measured).
+    // parameters, the residual add and given statistics (not measured), and
+    // rows under 16 threads (hidden 256 and less, not measured).
     // Taken at every row count: the latency of decode-time rows (a few CTAs)
     // in this instance is not measured.
     const int tpr = row_threads(nvec, kRegItems);
-    if (!a.residual && !a.given_stats && tpr == kP32RowThreads) {
+    if (!a.residual && !a.given_stats && tpr >= 16 && tpr <= kP32RowThreads) {
       dim3 grid, block;
       JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
       fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
