@@ -2047,6 +2047,28 @@ constexpr int kSliceRmsHoldThreads = 256;
 // SM by shared memory against four by registers), float16 x (32768x4096
 // 184.2 / 181.7 -> 183.5 / 185.4, with a 4-byte spill). RESULTS.md 6z.
 constexpr int kSliceYSmemThreads = 32;
+// The per-row FP8 outputs of 16-bit x (parameters in x's dtype) whose rows
+// span a cluster of 4 CTAs double it, each CTA half as wide: LayerNorm's at
+// hidden 32769-65536, RMSNorm's of bf16 x where the 4 CTAs would have at
+// most kSliceRowSplitThreads threads (hidden 32769-49152). Held at 64
+// registers (HOLD_Y), CTAs of 384 threads fit two an SM (768 threads); of
+// 192, five. Same-call A/B on an H200 (one build, an environment knob), us,
+// four rounds over two calls, 4 CTAs -> 8: LayerNorm bf16 2730x49152 192.8 /
+// 192.6 / 197.3 / 189.0 -> 185.4 / 184.8 / 185.5 / 184.5, 2048x65536 195.0 /
+// 191.9 -> 183.3 / 183.6 (two rounds); float16 2730x49152 188.4 / 188.9 ->
+// 183.9 / 181.4, 2048x65536 194.6 / 196.2 -> 185.3 / 183.7; RMSNorm bf16
+// 2730x49152 152.1 / 153.0 / 151.1 / 153.4 -> 140.9 / 140.1 / 140.2 / 139.9.
+// Not taken (RESULTS.md 1zc): LayerNorm's clusters of 2 (5461x24576 168.8 /
+// 170.5 -> 182.4 / 184.5, 4096x32768 166.9 / 170.4 -> 177.1 / 176.7) and of 8
+// (1365x98304 189.2 / 188.7 -> 198.6 / 200.1, 1024x131072 184.9 / 185.1 ->
+// 189.8 / 189.6), one CTA a row split in 2 (8-16% slower at 6144-16384, both
+// norms) or 4 CTAs in 16; RMSNorm's rows of 512-thread CTAs (2048x65536 146.6
+// / 145.5 -> 148.3 / 148.0, 4096x32768 134.8 / 134.9 -> 138.3 / 138.9), its
+// float16 x (2730x49152 137.1 / 139.8 -> 141.1 / 141.5), its clusters of 2
+// (5461x24576 2% faster, 144.1-146.2 -> 139.8-142.3, left) and of 8
+// (1365x98304 152.1 / 151.6 -> 153.8 / 156.1). float32 parameters, float32 x
+// and decode-time rows (a few clusters) were not measured.
+constexpr int kSliceRowSplitThreads = 384;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
   if constexpr (sizeof(T) * VEC != 16) {
@@ -2057,6 +2079,12 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
         kSliceStagedParams<K, Q, P, VEC> && cluster >= kSliceStagedCluster && a.plain_params<K>();
     [[maybe_unused]] const bool halves = staged && cluster * 2 <= kMaxCluster;  // STAGED_HALVES
     if (halves) cluster *= 2;
+    if constexpr (Q == Quant::kRow && sizeof(T) == 2 && std::is_same_v<P, T>) {
+      if (cluster == 4 && (K == NormKind::kLayer || (std::is_same_v<T, __nv_bfloat16> &&
+                                                      ceil_div(nvec, cluster) <= kSliceRowSplitThreads * kSliceItems))) {
+        cluster *= 2;  // kSliceRowSplitThreads
+      }
+    }
     // The row's packs spread evenly over the cluster's CTAs (row_threads of
     // a CTA's share), not a power of two of threads each, which left the last
     // CTAs few columns or none. Same-call A/B on an H100, bf16, us, one round, before
