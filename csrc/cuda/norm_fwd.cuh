@@ -223,7 +223,7 @@ constexpr int kOnePassMinThreads = 128;
 // P32 CTAs: 166.8 -> 220-222 us.
 // The same instance (CTAs of kP32Threads, kP32MinCtas resident) also takes
 // RMSNorm's per-row FP8 of 16-bit x with parameters in x's dtype, in rows of
-// kP32RowThreads threads (see there and at its launch).
+// 16 to kP32RowThreads threads (see there). Both are chosen by p32_fits.
 constexpr int kP32Threads = 128;
 constexpr int kP32RowThreads = 64;
 constexpr int kP32MinCtas = 7;
@@ -2159,6 +2159,43 @@ auto decode_instance(bool plain) {
   return plain ? fwd_decode<K, T, VEC, ITEMS, true, SPLIT, R> : fwd_decode<K, T, VEC, ITEMS, false, SPLIT, R>;
 }
 
+// Whether fwd_regs' P32 instance (CTAs of kP32Threads, kP32MinCtas
+// resident) takes the rows, at every row count: neither with the residual add
+// (two passes there) nor with given statistics (layer_norm_apply), which were
+// not measured in it.
+//  * LayerNorm's plain forward of 16-bit x with float32 parameters in rows of
+//    kP32Threads or kP32RowThreads threads (see kP32Threads).
+//  * RMSNorm's per-row FP8 of 16-bit x in rows of 16 to kP32RowThreads
+//    threads (hidden 264-2048 in packs of 8) goes to fwd_regs' P32 CTAs of
+//    128 (two to eight rows each, seven CTAs resident), not to fwd_regs'
+//    CTAs of 512 (hidden up to 1024) or fwd_slices (2048). Same-call A/B on
+//    an H200, two rounds, us: rows of 64 threads, fwd_slices -> P32, bf16
+//    87381x1536 168.2 / 170.1 -> 153.8 / 152.1, 65536x2048 136.8 / 136.1 ->
+//    133.2 / 132.6, float16 65536x2048 137.4 / 136.4 -> 131.7 / 132.0
+//    (RESULTS.md 1zb); rows of 16 and 32, CTAs of 512 -> P32, bf16
+//    262144x512 134.0 / 133.7 -> 125.6 / 126.8, 131072x1024 134.4 / 134.6
+//    -> 126.7 / 125.1, float16 131072x1024 134.7 / 134.4 -> 125.6 / 126.2
+//    (RESULTS.md 1zc). Not taken: rows of 96 threads (43690x3072 from
+//    fwd_slices, bf16 129.7 / 130.0 -> 135.2 / 136.0, float16 127.5 / 134.9
+//    -> 136.2 / 135.2) and of 128 (32768x4096 130.0 / 129.5 -> 135.2 /
+//    135.0), LayerNorm's per row at 2048-4096 (10-21% slower), float32
+//    parameters, the residual add and given statistics (not measured), and
+//    rows under 16 threads (hidden 256 and less, not measured). The latency
+//    of decode-time rows (a few CTAs) in this instance is not measured.
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
+constexpr bool kP32LayerParams =
+    K == NormKind::kLayer && Q == Quant::kNone && !XQ && sizeof(T) == 2 && std::is_same_v<P, float>;
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
+constexpr bool kP32RmsRow =
+    K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 && std::is_same_v<P, T>;
+template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
+bool p32_fits(const FwdArgs& a, int64_t nvec) {
+  if (a.residual || a.given_stats) return false;
+  const int tpr = row_threads(nvec, kRegItems);
+  if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ>) return tpr == kP32Threads || tpr == kP32RowThreads;
+  return tpr >= 16 && tpr <= kP32RowThreads;  // kP32RmsRow
+}
+
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC;
@@ -2171,32 +2208,12 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
     regs_ok = a.group_size % VEC == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
   }
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
-  if constexpr (K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 &&
-                std::is_same_v<P, T>) {
-    // RMSNorm's per-row FP8 of 16-bit x in rows of 16 to kP32RowThreads
-    // threads (hidden 264-2048 in packs of 8) goes to fwd_regs' P32 CTAs of
-    // 128 (two to eight rows each, seven CTAs resident), not to fwd_regs'
-    // CTAs of 512 (hidden up to 1024) or fwd_slices (2048). Same-call A/B on
-    // an H200, two rounds, us: rows of 64 threads, fwd_slices -> P32, bf16
-    // 87381x1536 168.2 / 170.1 -> 153.8 / 152.1, 65536x2048 136.8 / 136.1 ->
-    // 133.2 / 132.6, float16 65536x2048 137.4 / 136.4 -> 131.7 / 132.0
-    // (RESULTS.md 1zb); rows of 16 and 32, CTAs of 512 -> P32, bf16
-    // 262144x512 134.0 / 133.7 -> 125.6 / 126.8, 131072x1024 134.4 / 134.6
-    // -> 126.7 / 125.1, float16 131072x1024 134.7 / 134.4 -> 125.6 / 126.2
-    // (RESULTS.md 1zc). Not taken: rows of 96 threads (43690x3072 from
-    // fwd_slices, bf16 129.7 / 130.0 -> 135.2 / 136.0, float16 127.5 / 134.9
-    // -> 136.2 / 135.2) and of 128 (32768x4096 130.0 / 129.5 -> 135.2 /
-    // 135.0), LayerNorm's per row at 2048-4096 (10-21% slower), float32
-    // parameters, the residual add and given statistics (not measured), and
-    // rows under 16 threads (hidden 256 and less, not measured).
-    // Taken at every row count: the latency of decode-time rows (a few CTAs)
-    // in this instance is not measured.
-    const int tpr = row_threads(nvec, kRegItems);
-    if (!a.residual && !a.given_stats && tpr >= 16 && tpr <= kP32RowThreads) {
+  if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ> || kP32RmsRow<K, Q, T, P, VEC, XQ>) {
+    if (p32_fits<K, Q, T, P, VEC, XQ>(a, nvec)) {
       dim3 grid, block;
-      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
+      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, row_threads(nvec, kRegItems), kP32Threads, &grid, &block));
       fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
-      return check_launch("fwd_regs (per-row FP8, CTAs of 128)");
+      return check_launch("fwd_regs (CTAs of kP32Threads)");
     }
   }
   if (regs_ok && nvec <= kCtaVecs && !slices_fit<K, Q, T, P, VEC, XQ>(a, nvec, regs_ok)) {
@@ -2326,15 +2343,6 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
         if (a.shape.rows <= 2 * sms) JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kDecodeThreads, &grid, &block));
         fwd_regs<K, Q, T, P, VEC, XQ, true><<<grid, block, 0, stream>>>(a, 1);
         return check_launch("fwd_regs (early parameters)");
-      }
-    }
-    if constexpr (K == NormKind::kLayer && Q == Quant::kNone && !XQ && sizeof(T) == 2 && std::is_same_v<P, float>) {
-      // Not the residual add's rows (two passes there) nor given statistics
-      // (layer_norm_apply): neither was measured in this instance.
-      if ((tpr == kP32Threads || tpr == kP32RowThreads) && !a.residual && !a.given_stats) {
-        JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
-        fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
-        return check_launch("fwd_regs (float32 parameters)");
       }
     }
     fwd_regs<K, Q, T, P, VEC, XQ><<<grid, block, 0, stream>>>(a, 1);
