@@ -519,8 +519,8 @@ def test_fp8_current_unaligned_vmapped(kind, hidden, platform):
 # LayerNorm's per row of bf16 x holds y in shared memory at 1024 and in
 # registers at 2048 and 4096. RMSNorm's per row at 1032 (129 packs in rows of
 # 64 threads of four slots: half of a row's slots empty) and 2048 runs two
-# rows a CTA of 128 in fwd_regs; at 512, 520 (rows of 16 and 32 threads, 65
-# packs in 128 slots) and 1024, eight or four. Both per-row outputs take
+# rows a CTA of 128 in fwd_regs; at 512 eight (rows of 16 threads), at 520
+# (65 packs in 128 slots) and 1024 four (rows of 32). Both per-row outputs take
 # clusters of 8 at 49152 and LayerNorm's at 65536 (kSliceRowSplitThreads).
 @pytest.mark.parametrize("shape", [(8000, 512), (6000, 520), (10000, 1024), (3000, 1032), (4000, 2048), (3000, 4096),
                                    (1200, 8192), (600, 8200), (700, 12288), (600, 16384), (300, 24576), (300, 49152),

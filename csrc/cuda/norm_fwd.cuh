@@ -2062,7 +2062,7 @@ constexpr int kSliceYSmemThreads = 32;
 // 170.5 -> 182.4 / 184.5, 4096x32768 166.9 / 170.4 -> 177.1 / 176.7) and of 8
 // (1365x98304 189.2 / 188.7 -> 198.6 / 200.1, 1024x131072 184.9 / 185.1 ->
 // 189.8 / 189.6), one CTA a row split in 2 (8-16% slower at 6144-16384, both
-// norms) or 4 CTAs in 16; RMSNorm's rows of 512-thread CTAs (2048x65536 146.6
+// norms) or a cluster of 4 made 16; RMSNorm's rows of 512-thread CTAs (2048x65536 146.6
 // / 145.5 -> 148.3 / 148.0, 4096x32768 134.8 / 134.9 -> 138.3 / 138.9), its
 // float16 x (2730x49152 137.1 / 139.8 -> 141.1 / 141.5), its clusters of 2
 // (5461x24576 2% faster, 144.1-146.2 -> 139.8-142.3, left) and of 8
