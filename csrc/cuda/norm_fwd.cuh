@@ -2062,9 +2062,10 @@ constexpr int kSliceYSmemThreads = 32;
 // 170.5 -> 182.4 / 184.5, 4096x32768 166.9 / 170.4 -> 177.1 / 176.7) and of 8
 // (1365x98304 189.2 / 188.7 -> 198.6 / 200.1, 1024x131072 184.9 / 185.1 ->
 // 189.8 / 189.6), one CTA a row split in 2 (8-16% slower at 6144-16384, both
-// norms) or a cluster of 4 made 16; RMSNorm's rows of 512-thread CTAs (2048x65536 146.6
-// / 145.5 -> 148.3 / 148.0, 4096x32768 134.8 / 134.9 -> 138.3 / 138.9), its
-// float16 x (2730x49152 137.1 / 139.8 -> 141.1 / 141.5), its clusters of 2
+// norms) or a cluster of 4 made 16; RMSNorm's rows of 512-thread CTAs
+// (2048x65536 146.6 / 145.5 -> 148.3 / 148.0, 4096x32768 134.8 / 134.9 ->
+// 138.3 / 138.9), its float16 x (2730x49152 137.1 / 139.8 -> 141.1 /
+// 141.5), its clusters of 2
 // (5461x24576 2% faster, 144.1-146.2 -> 139.8-142.3, left) and of 8
 // (1365x98304 152.1 / 151.6 -> 153.8 / 156.1). float32 parameters, float32 x
 // and decode-time rows (a few clusters) were not measured.
@@ -2080,8 +2081,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     [[maybe_unused]] const bool halves = staged && cluster * 2 <= kMaxCluster;  // STAGED_HALVES
     if (halves) cluster *= 2;
     if constexpr (Q == Quant::kRow && sizeof(T) == 2 && std::is_same_v<P, T>) {
-      if (cluster == 4 && (K == NormKind::kLayer || (std::is_same_v<T, __nv_bfloat16> &&
-                                                      ceil_div(nvec, cluster) <= kSliceRowSplitThreads * kSliceItems))) {
+      if (cluster == 4 &&
+          (K == NormKind::kLayer ||
+           (std::is_same_v<T, __nv_bfloat16> && ceil_div(nvec, cluster) <= kSliceRowSplitThreads * kSliceItems))) {
         cluster *= 2;  // kSliceRowSplitThreads
       }
     }
