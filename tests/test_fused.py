@@ -547,6 +547,24 @@ def test_fp8_many_rows(kind, quant, shape, platform):
         _check_fp8_vmapped(kind, quant, xs, gamma, beta, platform, what, scales)
 
 
+# The per-row FP8 outputs across a cluster of CTAs (kSliceRowClusterRegs) at
+# widths whose packs do not fill the cluster's threads, so each pack asks
+# whether it lies in the row, in both 16-bit dtypes: 24584 (3073 packs of 8)
+# in two CTAs of 416 threads; 49160 (6145 packs) in LayerNorm's eight CTAs of
+# 224 and RMSNorm's four of 416 (a CTA's share one pack past
+# kSliceRowSplitThreads' limit, so not split).
+@pytest.mark.parametrize("shape", [(300, 24584), (200, 49160)], ids=sid)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_row_cluster_ragged(kind, dtype, shape, platform):
+    key = case_key(("rowragged", kind, dtype, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.5)
+    gamma, beta = _params(kind, shape[-1], dtype, key)
+    outs = _run_fp8(platform, _fp8_fn(kind, "row", out_dtype=E4M3), x, gamma, beta)
+    _check_fp8_outputs(kind, "row", x, gamma, beta, outs, E4M3, f"{kind} {dname(dtype)} {shape} row")
+
+
 # Per-tensor FP8 under vmap at narrow widths, where a GPU CTA takes several
 # rows (fwd_regs; fwd_unaligned at 1000) and merges their max |y| into amax
 # once when they are all of one tensor: tensors of row counts that are not a
