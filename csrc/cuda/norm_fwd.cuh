@@ -1136,27 +1136,35 @@ constexpr int kSliceStagedCluster = 4;
 // instance lost 4% (190.2 / 190.0 -> 197.2 / 198.2), so it stays uncapped.
 // RESULTS.md 1t. Not measured on an H100.
 constexpr int kSliceHalvesRegs = 80;
-// The per-row FP8 outputs of 16-bit x across a cluster (HOLD_Y with
-// REFILL_AT_END, parameters in x's dtype) are held to kSliceRowClusterRegs
-// registers: CTAs of 384 threads then fit three an SM instead of two, the
-// split CTAs of 192 (kSliceRowSplitThreads) six instead of five (ptxas,
-// sm_90: LayerNorm 63 -> 55-56, RMSNorm 58 -> 54-56, no spills but 4 bytes
-// in float16 LayerNorm's instance for rows that do not fill its CTAs). One
-// build with a knob, H200, us, two rounds, 64 -> 56 registers: LayerNorm
-// bf16 5461x24576 167.9 / 168.3 -> 159.1 / 159.9, 2730x49152 184.4 / 187.9
-// -> 176.2 / 176.1, 2048x65536 181.7 / 183.4 -> 179.6 / 178.2 (CTAs of 256:
-// four an SM either way), 1365x98304 188.7 / 190.1 -> 175.1 / 176.8,
-// float16 2730x49152 182.4 / 185.8 -> 173.1 / 174.2; RMSNorm bf16
-// 5461x24576 145.1 / 144.1 -> 132.5 / 133.9, 2048x65536 147.4 / 145.0 ->
-// 144.8 / 144.3, 1365x98304 150.4 / 150.3 -> 145.5 / 149.5, float16
-// 2730x49152 level (135.6 / 136.0 -> 137.5 / 136.0). Its bf16 2730x49152
-// (CTAs of 192) was 139.3 / 138.3 -> 140.5 / 142.2, taken with the rest
-// (one instance). Not taken: 48 registers (LayerNorm spilled 88-132 bytes
-// and lost 10-16%: 5461x24576 195.0 / 195.6), 40 (LayerNorm twice as slow),
-// CTAs of 512 threads of 3 packs instead of 384 of 4 at 64 registers (two
-// an SM either way; LayerNorm 5-42% slower at 12288-98304, RMSNorm mixed).
-// RESULTS.md 1zd. float32 parameters were not measured and keep 64.
-constexpr int kSliceRowClusterRegs = 56;
+// The per-row FP8 outputs of 16-bit x that hold y (LayerNorm) or x * gamma
+// (RMSNorm) in registers (HOLD_Y, not ONE_CTA, parameters in x's dtype) are
+// held to kSliceRowRegs registers: CTAs of 384 threads then fit three an SM
+// instead of two, the split CTAs of 192 (kSliceRowSplitThreads) six instead
+// of five, those of 256 four either way (ptxas, sm_90: LayerNorm 61-64 ->
+// 55-56, RMSNorm 58 -> 53-56, no spills but 4 bytes in float16 LayerNorm's
+// cluster instance for rows that do not fill its CTAs). One build with a
+// knob each, H200, us, two rounds, 64 -> 56 registers. Across a cluster:
+// LayerNorm bf16 5461x24576 167.9 / 168.3 -> 159.1 / 159.9, 2730x49152
+// 184.4 / 187.9 -> 176.2 / 176.1, 2048x65536 181.7 / 183.4 -> 179.6 / 178.2,
+// 1365x98304 188.7 / 190.1 -> 175.1 / 176.8, float16 2730x49152 182.4 /
+// 185.8 -> 173.1 / 174.2; RMSNorm bf16 5461x24576 145.1 / 144.1 -> 132.5 /
+// 133.9, 2048x65536 147.4 / 145.0 -> 144.8 / 144.3, 1365x98304 150.4 /
+// 150.3 -> 145.5 / 149.5, float16 2730x49152 level (135.6 / 136.0 -> 137.5
+// / 136.0), bf16 2730x49152 (CTAs of 192) 139.3 / 138.3 -> 140.5 / 142.2,
+// taken with the rest (one instance). One CTA a row: LayerNorm bf16
+// 21845x6144 149.0 / 150.2 -> 143.5 / 142.9, 16384x8192 142.9 / 142.1 ->
+// 143.0 / 138.7, 10922x12288 152.5 / 149.5 -> 140.6 / 140.2, 8192x16384
+// level (144.5 / 143.5 -> 143.3 / 142.9), float16 10922x12288 146.5 ->
+// 139.8; RMSNorm (held from 256 threads, kSliceRmsHoldThreads) bf16
+// 10922x12288 134.7 / 132.9 -> 122.7 / 118.0, 16384x8192 and 8192x16384
+// level, float16 10922x12288 level (121.7 -> 122.3). Not taken: 48
+// registers (LayerNorm spilled 88-132 bytes and lost 10-16% across a
+// cluster: 5461x24576 195.0 / 195.6), 40 (LayerNorm twice as slow), CTAs of
+// 512 threads of 3 packs instead of 384 of 4 at 64 registers (two an SM
+// either way; LayerNorm 5-42% slower at 12288-98304, RMSNorm mixed).
+// RESULTS.md 1zd. float32 parameters were not measured and keep 64, as do
+// LayerNorm's rows with y in shared memory (ONE_CTA).
+constexpr int kSliceRowRegs = 56;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -1203,8 +1211,8 @@ template <NormKind K, Quant Q, class T, class P, int VEC, bool WHOLE = false, bo
           bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>, bool STAGED_HALVES = false>
 __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || HOLD_Y ? 2 : 3)
     __maxnreg__(STAGED_HALVES                                                            ? kSliceHalvesRegs
-                : Q == Quant::kRow && HOLD_Y && REFILL_AT_END && (std::is_same_v<P, T>) ? kSliceRowClusterRegs
-                                                                                        : 128)
+                : Q == Quant::kRow && HOLD_Y && !ONE_CTA && (std::is_same_v<P, T>) ? kSliceRowRegs
+                                                                                   : 128)
         fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
