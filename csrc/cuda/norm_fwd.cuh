@@ -1141,8 +1141,8 @@ constexpr int kSliceHalvesRegs = 80;
 // held to kSliceRowRegs registers: CTAs of 384 threads then fit three an SM
 // instead of two, the split CTAs of 192 (kSliceRowSplitThreads) six instead
 // of five, those of 256 four either way (ptxas, sm_90: LayerNorm 61-64 ->
-// 55-56, RMSNorm 58 -> 53-56, no spills but 4 bytes in float16 LayerNorm's
-// cluster instance for rows that do not fill its CTAs). One build with a
+// 55-56, RMSNorm 58 -> 53-56, no spills but 4 bytes in LayerNorm's
+// instances for rows that do not fill their CTAs). One build with a
 // knob each, H200, us, two rounds, 64 -> 56 registers. Across a cluster:
 // LayerNorm bf16 5461x24576 167.9 / 168.3 -> 159.1 / 159.9, 2730x49152
 // 184.4 / 187.9 -> 176.2 / 176.1, 2048x65536 181.7 / 183.4 -> 179.6 / 178.2,
