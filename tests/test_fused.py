@@ -547,7 +547,7 @@ def test_fp8_many_rows(kind, quant, shape, platform):
         _check_fp8_vmapped(kind, quant, xs, gamma, beta, platform, what, scales)
 
 
-# The per-row FP8 outputs across a cluster of CTAs (kSliceRowClusterRegs) at
+# The per-row FP8 outputs across a cluster of CTAs (kSliceRowRegs) at
 # widths whose packs do not fill the cluster's threads, so each pack asks
 # whether it lies in the row, in both 16-bit dtypes: 24584 (3073 packs of 8)
 # in two CTAs of 416 threads; 49160 (6145 packs) in LayerNorm's eight CTAs of
