@@ -440,8 +440,9 @@ def test_fp8_params(kind, params, quant, shape, platform):
 # LayerNorm's per row where one CTA of up to 128 threads takes the row (bf16
 # x, hidden 1024 to 4096: parameters held, the pending row's y in shared
 # memory), with parameters other than the common case and rows enough for
-# several a CTA.
-@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096)], ids=sid)
+# several a CTA; at 49152 a cluster whose common case stages gamma and beta
+# (kSliceStagedRow), these cases not.
+@pytest.mark.parametrize("shape", [(10000, 1024), (3000, 4096), (300, 49152)], ids=sid)
 @pytest.mark.parametrize("params", ["zero_centered", "no_beta", "none"])
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_fp8_rowwise_params_many_rows(params, shape, platform):

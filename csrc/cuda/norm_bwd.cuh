@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // gamma + 1).
   auto walk_rows = [&](auto plain) {
     auto scale_of = [&](int i, float(&s)[VEC]) {
-      auto staged = [&](float(&g)[VEC]) { unpack(sgamma[pack(i)], g); };
+      auto staged = [&](float(&g)[VEC]) { unpack<true>(sgamma[pack(i)], g); };
       if constexpr (decltype(plain)::value) {
         staged(s);
       } else {
@@ -697,8 +697,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       for (int i = 0; i < kSliceItems; ++i) {
         if (in_row(i)) {
           float xf[VEC], df[VEC], s[VEC];
-          unpack(*stage(st, 0, i), xf);
-          unpack(*stage(st, 1, i), df);
+          unpack<true>(*stage(st, 0, i), xf);
+          unpack<true>(*stage(st, 1, i), df);
           scale_of(i, s);
           add_grad_sums_of<VEC>(acc, xf, df, s, mean);
         }
@@ -716,8 +716,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       for (int i = 0; i < kSliceItems; ++i) {
         if (in_row(i)) {
           float xf[VEC], df[VEC], s[VEC], out[VEC];
-          unpack(*stage(st, 0, i), xf);
-          unpack(*stage(st, 1, i), df);
+          unpack<true>(*stage(st, 0, i), xf);
+          unpack<true>(*stage(st, 1, i), df);
           scale_of(i, s);
           grad_dx<K>(out, dg[i], db[i], xf, df, s, mean, rstd, c1, c2);
           if (a.dh) {

@@ -1165,6 +1165,25 @@ constexpr int kSliceHalvesRegs = 80;
 // RESULTS.md 1zd. float32 parameters were not measured and keep 64, as do
 // LayerNorm's rows with y in shared memory (ONE_CTA).
 constexpr int kSliceRowRegs = 56;
+// LayerNorm's per-row FP8 of bf16 x (bf16 parameters) across a cluster of
+// CTAs of at most kSliceStagedRowThreads threads (hidden 32769-65536: the
+// split clusters, kSliceRowSplitThreads) stages gamma and beta in shared
+// memory as the plain forward does (STAGED_PARAMS), in the STAGED_HALVES
+// instance: kSliceHalvesRegs registers (no spill), y held in registers, and
+// four stages' worth of shared memory, 48-64 KB a CTA (three or four CTAs an
+// SM, against four or six at 56 registers unstaged); its y pass then makes
+// no L2 trip for parameters. One build with a knob, H200, bf16, us, two
+// rounds, unstaged -> staged: 2730x49152 177.6 / 178.6 -> 168.7 / 172.3,
+// 2048x65536 181.0 / 180.8 -> 165.9 / 163.5. Not taken: float16 x (same
+// build: 2730x49152 173.7 -> 184.6, 2048x65536 180.1 -> 188.1; after the
+// stage's reads became 16-byte loads, 178.1 / 179.0 and 175.0 / 170.6), and
+// clusters doubled until their CTAs are 256 threads or fewer, staged
+// (5461x24576 158.0 / 165.7 -> 162.9 / 163.1, 1365x98304 176.7 / 176.9 ->
+// 177.3 / 178.3, 1024x131072 182.5 / 182.6 -> 179.2 / 181.1). RESULTS.md 1ze.
+template <NormKind K, Quant Q, class T, class P>
+constexpr bool kSliceStagedRow =
+    K == NormKind::kLayer && Q == Quant::kRow && std::is_same_v<T, __nv_bfloat16> && std::is_same_v<P, T>;
+constexpr int kSliceStagedRowThreads = 256;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceStagedParams = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // With STAGED_PARAMS in clusters of at least kSliceL2AheadCluster CTAs
@@ -1225,8 +1244,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   constexpr bool kYSmem = ONE_CTA && Q == Quant::kRow;
   static_assert(!REFILL_AT_END || (!ONE_CTA && (kSliceRefillAtEnd<K, Q> || (HOLD_Y && K == NormKind::kRms))),
                 "fwd_slices: REFILL_AT_END is for clusters");
-  static_assert(!STAGED_PARAMS || (REFILL_AT_END && kSliceStagedParams<K, Q, P, VEC>),
-                "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward across a cluster");
+  static_assert(!STAGED_PARAMS || (REFILL_AT_END && (kSliceStagedParams<K, Q, P, VEC> ||
+                                                     (HOLD_Y && STAGED_HALVES && kSliceStagedRow<K, Q, T, P>))),
+                "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward or per-row FP8 across a cluster");
   static_assert(!STAGED_HALVES || STAGED_PARAMS, "fwd_slices: STAGED_HALVES is a STAGED_PARAMS instance");
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>,
                 "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
@@ -1313,8 +1333,15 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       ring.fill<1>(st, {stages + st * packs}, {x_slice(r)}, slice_bytes);
     }
   };
+  // float16 packs read from the stage as whole 16-byte loads (unpack's
+  // WORDS) where the instance has registers to spare, not in those held to
+  // 40. One build each, H200, float16, us, two rounds, two 8-byte loads ->
+  // one: LayerNorm's plain forward staged 2048x65536 173.0 / 173.5 -> 155.2
+  // / 163.4, RMSNorm's per row 149.1 / 148.5 -> 146.1 / 144.8 (RESULTS.md
+  // 1ze).
+  constexpr bool kWordReads = STAGED_PARAMS || HOLD_Y;
   auto read = [&](int st, int i, float (&v)[VEC]) {
-    unpack(reinterpret_cast<const Vec*>(stages + st * packs)[pack(i)], v);
+    unpack<kWordReads>(reinterpret_cast<const Vec*>(stages + st * packs)[pack(i)], v);
   };
   // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
   // walked so far, merged into amax (one atomic per CTA) when the CTA moves
@@ -1525,7 +1552,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             const Pack<P, VEC> gp = held_gamma[i];  // by value: no address taken of the array
             unpack(gp, g);
           } else if constexpr (STAGED_PARAMS) {
-            unpack(sparams[pack(i)], g);
+            unpack<true>(sparams[pack(i)], g);
           } else {
             load_pack<VEC>(gamma + first + local(i), g);
           }
@@ -1535,7 +1562,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
               const Pack<P, VEC> bp = held_beta[i];
               unpack(bp, b);
             } else if constexpr (STAGED_PARAMS) {
-              unpack(sparams[packs + pack(i)], b);
+              unpack<true>(sparams[packs + pack(i)], b);
             } else {
               load_pack<VEC>(beta + first + local(i), b);
             }
@@ -2137,7 +2164,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     constexpr bool kYSmemRow = kSliceOneCtaRow<K, Q, P, VEC> && std::is_same_v<T, __nv_bfloat16>;
     const bool ysmem = kYSmemRow && cluster == 1 && tpr <= kSliceYSmemThreads;
     if (ysmem) smem += 2 * stage_bytes;   // the pending row's y, as floats
-    if (staged) smem += 2 * stage_bytes;  // LayerNorm's gamma and beta packs
+    [[maybe_unused]] const bool staged_row =
+        kSliceStagedRow<K, Q, T, P> && cluster > 1 && tpr <= kSliceStagedRowThreads && a.plain_params<K>();
+    if (staged || staged_row) smem += 2 * stage_bytes;  // LayerNorm's gamma and beta packs
     auto pick = [&](auto whole) {
       constexpr bool W = decltype(whole)::value;
       auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
@@ -2157,6 +2186,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
         if constexpr (Q == Quant::kRow) {
           if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true>;
         }
+      }
+      if constexpr (kSliceStagedRow<K, Q, T, P>) {
+        if (staged_row) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, true, true, true>;
       }
       if constexpr (kSliceStagedParams<K, Q, P, VEC>) {
         if (staged) {
