@@ -1162,8 +1162,15 @@ constexpr int kSliceHalvesRegs = 80;
 // cluster: 5461x24576 195.0 / 195.6), 40 (LayerNorm twice as slow), CTAs of
 // 512 threads of 3 packs instead of 384 of 4 at 64 registers (two an SM
 // either way; LayerNorm 5-42% slower at 12288-98304, RMSNorm mixed).
-// RESULTS.md 1zd. float32 parameters were not measured and keep 64, as do
-// LayerNorm's rows with y in shared memory (ONE_CTA).
+// RESULTS.md 1zd. LayerNorm's rows with y in shared memory (ONE_CTA) keep
+// 64, and so do float32 parameters: the same limit for them (bf16 x) was
+// mixed, two wheels, same call, H200, us, two rounds, 64 -> 56: CTAs of 384
+// faster, LayerNorm 10922x12288 193.2 / 194.3 -> 175.0 / 177.7, 5461x24576
+// 210.4 / 208.9 -> 201.6 / 199.5, RMSNorm 147.9 / 148.8 -> 132.4 / 133.8 and
+// 160.0 / 160.6 -> 143.0 / 142.2; CTAs of 512 (two an SM either way)
+// slower, 2048x65536 LayerNorm 217.5 / 216.1 -> 226.0 / 224.5, RMSNorm
+// 157.9 / 158.4 -> 162.5 / 162.9 (RESULTS.md 1ze). An instance of its own
+// for CTAs of at most 384 threads would take the first without the second.
 constexpr int kSliceRowRegs = 56;
 // LayerNorm's per-row FP8 of bf16 x (bf16 parameters) across a cluster of
 // CTAs of at most kSliceStagedRowThreads threads (hidden 32769-65536: the
