@@ -103,14 +103,15 @@ __device__ __forceinline__ void widen2(uint32_t w, float& lo, float& hi) {
 }
 // A pack widened to float: bfloat16 by pairs (widen2); float16 too with
 // WORDS, otherwise element by element. Read from shared memory, a float16
-// pack taken element by element is two 8-byte loads (LDS.64), whose 16-byte
-// stride across a warp's lanes costs twice the wavefronts of one 16-byte
-// load; by words it is one LDS.128, as bfloat16's always was. WORDS is asked
-// for where that was measured to help (fwd_slices' and bwd_slices' stages
-// and staged parameters; see fwd_slices): elsewhere the 16-byte load's four
-// registers made kernels spill (fwd_slices' instances held to 40 registers:
-// 52 bytes, LayerNorm's plain forward of float16 x 14-21% slower at 10922x12288 and 5461x24576;
-// the unaligned kernels).
+// pack taken element by element is two 8-byte loads (LDS.64, sm_90 SASS),
+// which at a 16-byte stride across a warp's lanes touch twice the
+// wavefronts their bytes need (by the bank arithmetic; not profiled); by
+// words it is one LDS.128, as bfloat16's always was. WORDS is asked for
+// where that was measured to help (fwd_slices' and bwd_slices' stages and
+// staged parameters; see fwd_slices): elsewhere the 16-byte load's four
+// registers made kernels spill (fwd_slices' instances held to 40
+// registers: 52 bytes, LayerNorm's plain forward of float16 x 14-21% slower
+// at 10922x12288 and 5461x24576; the unaligned kernels). RESULTS.md 1ze.
 template <bool WORDS = false, class T, int N>
 __device__ __forceinline__ void unpack(const Pack<T, N>& pk, float (&f)[N]) {
   if constexpr ((std::is_same_v<T, __nv_bfloat16> || (WORDS && sizeof(T) == 2)) && N % 2 == 0) {
