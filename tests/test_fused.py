@@ -449,6 +449,17 @@ def test_fp8_rowwise_params_many_rows(params, shape, platform):
     _check_fp8_params("layer", params, "row", shape, platform)
 
 
+# Per row with float32 gamma (and beta) for bf16 x where the kernel that holds
+# y (LayerNorm) or x * gamma (RMSNorm) runs its instance held to fewer
+# registers (kSliceRowCapFits): CTAs of 352 and 384 threads, one a row with
+# rows enough for several a CTA, and a cluster of 2 a row.
+@pytest.mark.parametrize("shape", [(40, 11264), (1500, 12288), (300, 24576)], ids=sid)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_rowwise_f32_params(kind, shape, platform):
+    _check_fp8_params(kind, "f32", "row", shape, platform)
+
+
 def _check_fp8_params(kind, params, quant, shape, platform):
     key = case_key(("fp", kind, params, quant, shape))
     x = random(key, shape, jnp.bfloat16, scale=2.0, offset=0.5)

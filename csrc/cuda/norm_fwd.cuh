@@ -1169,9 +1169,17 @@ constexpr int kSliceHalvesRegs = 80;
 // 210.4 / 208.9 -> 201.6 / 199.5, RMSNorm 147.9 / 148.8 -> 132.4 / 133.8 and
 // 160.0 / 160.6 -> 143.0 / 142.2; CTAs of 512 (two an SM either way)
 // slower, 2048x65536 LayerNorm 217.5 / 216.1 -> 226.0 / 224.5, RMSNorm
-// 157.9 / 158.4 -> 162.5 / 162.9 (RESULTS.md 1ze). An instance of its own
-// for CTAs of at most 384 threads would take the first without the second.
+// 157.9 / 158.4 -> 162.5 / 162.9 (RESULTS.md 1ze). So float32 parameters
+// take the limit (ROW_CAP, an instance of its own) only where it fits one
+// more CTA an SM than the 64 registers of two CTAs of kSliceThreads do
+// (kSliceRowCapFits): CTAs of 384 threads (hidden 12288, 24576, 49152 and
+// 98304 of 16-bit x), 352, 288, 224 and so on; not those of 512 (16384,
+// 32768, 65536, 131072 and wider), 320 or 256.
 constexpr int kSliceRowRegs = 56;
+constexpr int kSmRegisters = 65536;
+constexpr bool kSliceRowCapFits(int threads) {
+  return kSmRegisters / (kSliceRowRegs * threads) > kSmRegisters / (kSmRegisters / (2 * kSliceThreads) * threads);
+}
 // LayerNorm's per-row FP8 of bf16 x (bf16 parameters) across a cluster of
 // CTAs of at most kSliceStagedRowThreads threads (hidden 32769-65536: the
 // split clusters, kSliceRowSplitThreads) stages gamma and beta in shared
@@ -1234,11 +1242,12 @@ constexpr bool kSliceOwnCopies = K == NormKind::kRms && Q == Quant::kNone;
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool WHOLE = false, bool ONE_CTA = false,
           bool REFILL_AT_END = false, bool STAGED_PARAMS = false,
-          bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>, bool STAGED_HALVES = false>
+          bool HOLD_Y = K == NormKind::kLayer && kSliceHoldY<K, Q, T>, bool STAGED_HALVES = false,
+          bool ROW_CAP = std::is_same_v<P, T>>
 __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || HOLD_Y ? 2 : 3)
-    __maxnreg__(STAGED_HALVES                                                            ? kSliceHalvesRegs
-                : Q == Quant::kRow && HOLD_Y && !ONE_CTA && (std::is_same_v<P, T>) ? kSliceRowRegs
-                                                                                   : 128)
+    __maxnreg__(STAGED_HALVES                                         ? kSliceHalvesRegs
+                : Q == Quant::kRow && HOLD_Y && !ONE_CTA && ROW_CAP ? kSliceRowRegs
+                                                                    : 128)
         fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
@@ -1255,6 +1264,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                                                      (HOLD_Y && STAGED_HALVES && kSliceStagedRow<K, Q, T, P>))),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward or per-row FP8 across a cluster");
   static_assert(!STAGED_HALVES || STAGED_PARAMS, "fwd_slices: STAGED_HALVES is a STAGED_PARAMS instance");
+  static_assert(std::is_same_v<P, T> || !ROW_CAP || (Q == Quant::kRow && HOLD_Y && !ONE_CTA),
+                "fwd_slices: ROW_CAP with float32 parameters is for per-row FP8 held in registers");
   static_assert(!HOLD_Y || kSliceHoldY<K, Q, T>,
                 "fwd_slices: HOLD_Y is for per-row (RMSNorm: per-group) FP8 of 16-bit x");
   // LayerNorm's per row (y held): the row's max is reduced with the next
@@ -2192,6 +2203,17 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
         }
         if constexpr (Q == Quant::kRow) {
           if (cluster > 1) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true>;
+        }
+      }
+      if constexpr (Q == Quant::kRow && kSliceHoldY<K, Q, T> && !std::is_same_v<P, T>) {
+        // The same y-holding instances held to kSliceRowRegs (ROW_CAP), where
+        // that fits one more CTA an SM (kSliceRowCapFits).
+        if (kSliceRowCapFits(tpr)) {
+          if (cluster > 1) {
+            kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true, false, true>;
+          } else if (K == NormKind::kLayer || tpr >= kSliceRmsHoldThreads) {
+            kernel = fwd_slices<K, Q, T, P, VEC, W, false, false, false, true, false, true>;
+          }
         }
       }
       if constexpr (kSliceStagedRow<K, Q, T, P>) {
