@@ -223,7 +223,7 @@ constexpr int kOnePassMinThreads = 128;
 // P32 CTAs: 166.8 -> 220-222 us.
 // The same instance (CTAs of kP32Threads, kP32MinCtas resident) also takes
 // RMSNorm's per-row FP8 of 16-bit x with parameters in x's dtype, in rows of
-// 16 to kP32RowThreads threads (see there). Both are chosen by p32_fits.
+// 16 to kP32RowThreads threads (see there). Both are chosen by p32_row_threads.
 constexpr int kP32Threads = 128;
 constexpr int kP32RowThreads = 64;
 constexpr int kP32MinCtas = 7;
@@ -1174,7 +1174,15 @@ constexpr int kSliceHalvesRegs = 80;
 // more CTA an SM than the 64 registers of two CTAs of kSliceThreads do
 // (kSliceRowCapFits): CTAs of 384 threads (hidden 12288, 24576, 49152 and
 // 98304 of 16-bit x), 352, 288, 224 and so on; not those of 512 (16384,
-// 32768, 65536, 131072 and wider), 320 or 256.
+// 32768, 65536, 131072 and wider), 320 or 256. Wheels of both, same call,
+// H200, bf16 x, us, two rounds, 64 registers -> ROW_CAP: LayerNorm
+// 14563x9216 (CTAs of 288) 177.9 / 177.7 -> 170.9 / 173.7, 11915x11264
+// (352) 200.8 / 197.2 -> 179.1 / 178.3, 10922x12288 195.5 / 197.0 -> 178.0
+// / 176.5, 2730x49152 226.9 / 227.7 -> 212.8 / 213.9, 1365x98304 229.9 /
+// 232.7 -> 221.6 / 221.3; RMSNorm 137.9 / 137.2 -> 132.4 / 130.6, 154.2 /
+// 153.0 -> 134.4 / 135.4, 147.9 / 147.3 -> 134.0 / 134.2, 168.3 / 169.3 ->
+// 147.5 / 148.8, 167.9 / 169.6 -> 161.5 / 159.1; the uncapped launches
+// (10240, 40960: CTAs of 320; 65536: 512) level (RESULTS.md 1zf).
 constexpr int kSliceRowRegs = 56;
 constexpr int kSmRegisters = 65536;
 constexpr bool kSliceRowCapFits(int threads) {
@@ -2283,12 +2291,13 @@ constexpr bool kP32LayerParams =
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
 constexpr bool kP32RmsRow =
     K == NormKind::kRms && Q == Quant::kRow && !XQ && sizeof(T) == 2 && sizeof(T) * VEC == 16 && std::is_same_v<P, T>;
+// The row's threads in the P32 instance (row_threads), or 0 where it does not take the rows.
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
-bool p32_fits(const FwdArgs& a, int64_t nvec) {
-  if (a.residual || a.given_stats) return false;
+int p32_row_threads(const FwdArgs& a, int64_t nvec) {
+  if (a.residual || a.given_stats) return 0;
   const int tpr = row_threads(nvec, kRegItems);
-  if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ>) return tpr == kP32Threads || tpr == kP32RowThreads;
-  return tpr >= 16 && tpr <= kP32RowThreads;  // kP32RmsRow
+  if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ>) return tpr == kP32Threads || tpr == kP32RowThreads ? tpr : 0;
+  return tpr >= 16 && tpr <= kP32RowThreads ? tpr : 0;  // kP32RmsRow
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
@@ -2304,9 +2313,9 @@ ffi::Error launch_fwd_vec(cudaStream_t stream, const FwdArgs& a) {
   }
   constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
   if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ> || kP32RmsRow<K, Q, T, P, VEC, XQ>) {
-    if (p32_fits<K, Q, T, P, VEC, XQ>(a, nvec)) {
+    if (const int tpr = p32_row_threads<K, Q, T, P, VEC, XQ>(a, nvec); tpr > 0) {
       dim3 grid, block;
-      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, row_threads(nvec, kRegItems), kP32Threads, &grid, &block));
+      JRN_RETURN_IF_ERROR(row_grid(a.shape.rows, tpr, kP32Threads, &grid, &block));
       fwd_regs<K, Q, T, P, VEC, XQ, false, true><<<grid, block, 0, stream>>>(a, 1);
       return check_launch("fwd_regs (CTAs of kP32Threads)");
     }
