@@ -1038,7 +1038,11 @@ constexpr int kSliceThreads = 512;
 // 225.3 -> 221.7 us against holding everywhere). At hidden 1024 its CTAs are
 // one warp, 32 a SM (the same 1024 threads), and it beats fwd_regs there:
 // 131072x1024 196.7 -> 165.5 us (table 6p).
-// Not taken: the held packs for RMSNorm's per-tensor, per-row and per-group
+// Not taken: the ONE_CTA instance held to kSliceRowRegs where that fits
+// one more CTA (36-100 bytes spilled; one build with a knob, H200, bf16, us,
+// two rounds: 32768x4096 132.5 / 125.6 -> 138.2 / 138.3, 10922x12288
+// 130.3 / 132.9 -> 134.9 / 134.8, 14563x9216 level; RESULTS.md 1zf), and
+// the held packs for RMSNorm's per-tensor, per-row and per-group
 // outputs (gamma alone: more lost to occupancy than gained; rms_fp8 2048 162
 // -> 170 us, 65536 174 -> 185, per row at 65536 209 -> 222), and the shift's
 // elements loaded before the wait with clusters (ln_fwd 2048x65536 235.5 ->
@@ -1183,6 +1187,11 @@ constexpr int kSliceHalvesRegs = 80;
 // 153.0 -> 134.4 / 135.4, 147.9 / 147.3 -> 134.0 / 134.2, 168.3 / 169.3 ->
 // 147.5 / 148.8, 167.9 / 169.6 -> 161.5 / 159.1; the uncapped launches
 // (10240, 40960: CTAs of 320; 65536: 512) level (RESULTS.md 1zf).
+// Parameters in x's dtype keep the limit where it adds no CTA too: 64
+// registers there (one build with a knob, H200, bf16, us, two rounds) lost
+// in LayerNorm's, 1024x131072 181.9 / 178.1 -> 189.0 / 190.6, 512x262144
+// 200.1 / 201.3 -> 208.9 / 209.8, 16384x8192 142.4 / 140.5 -> 145.9 /
+// 144.2, and left RMSNorm's level (RESULTS.md 1zf).
 constexpr int kSliceRowRegs = 56;
 constexpr int kSmRegisters = 65536;
 constexpr bool kSliceRowCapFits(int threads) {
@@ -2152,8 +2161,12 @@ constexpr int kSliceYSmemThreads = 32;
 // 138.3 / 138.9), its float16 x (2730x49152 137.1 / 139.8 -> 141.1 /
 // 141.5), its clusters of 2
 // (5461x24576 2% faster, 144.1-146.2 -> 139.8-142.3, left) and of 8
-// (1365x98304 152.1 / 151.6 -> 153.8 / 156.1). float32 parameters, float32 x
-// and decode-time rows (a few clusters) were not measured.
+// (1365x98304 152.1 / 151.6 -> 153.8 / 156.1), and float32 parameters (one
+// build with a knob, H200, bf16 x, us, two rounds: RMSNorm 3276x40960 148.8 /
+// 146.8 -> 155.1 / 154.0, 2730x49152 145.4 / 146.6 -> 150.3 / 154.0;
+// LayerNorm level there, 2048x65536 216.3 / 216.4 -> 210.9 / 210.2;
+// RESULTS.md 1zf). float32 x and decode-time rows (a few clusters) were not
+// measured.
 constexpr int kSliceRowSplitThreads = 384;
 template <NormKind K, Quant Q, class T, class P, int VEC>
 ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec) {
