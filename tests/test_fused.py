@@ -451,7 +451,7 @@ def test_fp8_rowwise_params_many_rows(params, shape, platform):
 
 # Per row with float32 gamma (and beta) for bf16 x where the kernel that holds
 # y (LayerNorm) or x * gamma (RMSNorm) runs its instance held to fewer
-# registers (kSliceRowCapFits): CTAs of 352 and 384 threads, one a row with
+# registers (row_cap_fits): CTAs of 352 and 384 threads, one a row with
 # rows enough for several a CTA, and a cluster of 2 a row.
 @pytest.mark.parametrize("shape", [(40, 11264), (1500, 12288), (300, 24576)], ids=sid)
 @pytest.mark.parametrize("kind", KINDS)

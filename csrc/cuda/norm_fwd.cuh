@@ -1176,7 +1176,7 @@ constexpr int kSliceHalvesRegs = 80;
 // 157.9 / 158.4 -> 162.5 / 162.9 (RESULTS.md 1ze). So float32 parameters
 // take the limit (ROW_CAP, an instance of its own) only where it fits one
 // more CTA an SM than the 64 registers of two CTAs of kSliceThreads do
-// (kSliceRowCapFits): CTAs of 384 threads (hidden 12288, 24576, 49152 and
+// (row_cap_fits): CTAs of 384 threads (hidden 12288, 24576, 49152 and
 // 98304 of 16-bit x), 352, 288, 224 and so on; not those of 512 (16384,
 // 32768, 65536, 131072 and wider), 320 or 256. Wheels of both, same call,
 // H200, bf16 x, us, two rounds, 64 registers -> ROW_CAP: LayerNorm
@@ -1194,7 +1194,9 @@ constexpr int kSliceHalvesRegs = 80;
 // 144.2, and left RMSNorm's level (RESULTS.md 1zf).
 constexpr int kSliceRowRegs = 56;
 constexpr int kSmRegisters = 65536;
-constexpr bool kSliceRowCapFits(int threads) {
+// Whether CTAs of `threads` threads fit one more an SM at kSliceRowRegs
+// registers than at the 64 that two CTAs of kSliceThreads leave (ROW_CAP).
+constexpr bool row_cap_fits(int threads) {
   return kSmRegisters / (kSliceRowRegs * threads) > kSmRegisters / (kSmRegisters / (2 * kSliceThreads) * threads);
 }
 // LayerNorm's per-row FP8 of bf16 x (bf16 parameters) across a cluster of
@@ -2228,8 +2230,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       }
       if constexpr (Q == Quant::kRow && kSliceHoldY<K, Q, T> && !std::is_same_v<P, T>) {
         // The same y-holding instances held to kSliceRowRegs (ROW_CAP), where
-        // that fits one more CTA an SM (kSliceRowCapFits).
-        if (kSliceRowCapFits(tpr)) {
+        // that fits one more CTA an SM (row_cap_fits).
+        if (row_cap_fits(tpr)) {
           if (cluster > 1) {
             kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true, false, true>;
           } else if (K == NormKind::kLayer || tpr >= kSliceRmsHoldThreads) {
