@@ -2229,12 +2229,12 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
         }
       }
       if constexpr (Q == Quant::kRow && kSliceHoldY<K, Q, T> && !std::is_same_v<P, T>) {
-        // The same y-holding instances held to kSliceRowRegs (ROW_CAP), where
-        // that fits one more CTA an SM (row_cap_fits).
+        // The y-holding instance chosen above, held to kSliceRowRegs
+        // (ROW_CAP) where that fits one more CTA an SM (row_cap_fits).
         if (row_cap_fits(tpr)) {
-          if (cluster > 1) {
+          if (kernel == fwd_slices<K, Q, T, P, VEC, W, false, true, false, true>) {
             kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, false, true, false, true>;
-          } else if (K == NormKind::kLayer || tpr >= kSliceRmsHoldThreads) {
+          } else if (kernel == fwd_slices<K, Q, T, P, VEC, W, false, false, false, true>) {
             kernel = fwd_slices<K, Q, T, P, VEC, W, false, false, false, true, false, true>;
           }
         }
