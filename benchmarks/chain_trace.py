@@ -8,6 +8,7 @@ copy the latency mode compares with) are traced in turn:
 
     python benchmarks/chain_trace.py --rows 16 64 --hidden 8192 --ops rms_fwd ln_fwd
     python benchmarks/chain_trace.py --mix --ops add_rms add_ln   # beside XLA's kernels; the residual add
+    python benchmarks/chain_trace.py --rows 1 16 64 --hidden 4096 --ops rms_bwd ln_bwd --names   # the backward
     JAX_RMSNORM_PDL=0 python benchmarks/chain_trace.py ...   # our kernels without early launch
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/chain_trace.py ...   # no CUDA graphs
 
@@ -87,9 +88,11 @@ def main():
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--hidden", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--ops", nargs="+", default=["rms_fwd", "ln_fwd"],
-                    choices=["rms_fwd", "ln_fwd", "add_rms", "add_ln"],
+                    choices=["rms_fwd", "ln_fwd", "add_rms", "add_ln", "rms_bwd", "ln_bwd"],
                     help="add_rms / add_ln: the residual add + norm (y the next x, h the next residual), "
-                         "against jnp's x + r, then the norm")
+                         "against jnp's x + r, then the norm; rms_bwd / ln_bwd: the backward from saved "
+                         "statistics (dx the next dy, dgamma kept), against jax.vjp of the jnp norm, as "
+                         "bench_norm.py's latency mode chains them")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chain", type=int, default=50)
     ap.add_argument("--runs", type=int, default=3, help="traced calls per chain; the median step is printed")
@@ -117,6 +120,17 @@ def main():
                 elif op == "ln_fwd":
                     fns["ln ours"] = (lambda x: jrn.layer_norm(x, g, b), "fwd", (x,))
                     fns["ln xla"] = (lambda x: jnp_layer(x, g, b), "fwd", (x,))
+                elif op == "rms_bwd":
+                    rstd = jrn.rms_norm_fwd(x, g)[1]
+                    fns["rmsbwd ours"] = (lambda dy, x, rs: jrn.rms_norm_bwd(dy, x, rs, g), "bwd", (r, x, rstd))
+                    fns["rmsbwd xla"] = (lambda dy, x: jax.vjp(lambda x, gg: jnp_rms(x, gg), x, g)[1](dy), "bwd",
+                                         (r, x))
+                elif op == "ln_bwd":
+                    _, mean, rstd = jrn.layer_norm_fwd(x, g, b)
+                    fns["lnbwd ours"] = (lambda dy, x, mu, rs: jrn.layer_norm_bwd(dy, x, mu, rs, g), "bwd",
+                                         (r, x, mean, rstd))
+                    fns["lnbwd xla"] = (lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, g, b)[1](dy),
+                                        "bwd", (r, x))
                 elif op == "add_rms":
                     fns["addrms ours"] = (lambda x, r: jrn.add_rms_norm(x, r, g), "add", (x, r))
                     fns["addrms xla"] = (lambda x, r: (jnp_rms(x + r, g), x + r), "add", (x, r))
