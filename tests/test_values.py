@@ -114,11 +114,15 @@ def test_decode_row_bounds(kind, dtype, rows, packs, platform):
 # rows of exactly 64 or 128 threads (hidden 1032-2048 and 3080-4096 in packs
 # of 8), takes an instance of its own (one-pass statistics, CTAs of 128);
 # 1024, 3072 and 4104 lie just outside it. Where there are more than two rows
-# an SM, its rows of more than 256 threads (hidden 8200-16384) take the
-# kernel that stages x in shared memory (fwd_slices); 8192 lies just outside.
+# an SM, its rows of more than 256 threads (hidden 8200 and up) take the
+# kernel that stages x in shared memory (fwd_slices), and so do rows of 256
+# (8192) with plain gamma and beta; those plain ones stage gamma and beta as
+# floats too, in clusters twice the natural size (kSliceStagedP32: 2 CTAs a
+# row at 8192-16384, 4 at 24576, 8 at 65536, 16 at 131072).
 # gamma and beta, zero-centred gamma and beta, gamma alone; enough rows for
 # many CTAs.
-@pytest.mark.parametrize("hidden", [1024, 1032, 2048, 3072, 3080, 3584, 4096, 4104, 8192, 8200, 10240, 16384])
+@pytest.mark.parametrize("hidden", [1024, 1032, 2048, 3072, 3080, 3584, 4096, 4104, 8192, 8200, 10240, 12288, 16384,
+                                    24576, 65536, 131072])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_layer_float32_params_paths(dtype, hidden, platform):

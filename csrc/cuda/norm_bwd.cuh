@@ -1022,9 +1022,19 @@ constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems
 // parameters 9216 329.2 -> 304.4, 11264 302.9 -> 288.8. Not above: 11397x11776
 // 291.6 -> 294.6, 10922x12288 288.3 -> 302.3, 9362x14336 287.6 -> 311.0.
 // RESULTS.md 1e.
+//
+// LayerNorm of 16-bit x whose natural cluster is 4 (hidden 32769 to 65536)
+// takes 8 CTAs half as wide, two an SM. One build with a knob, H200, bf16,
+// us, two rounds, 4 -> 8: 2730x49152 254.7 / 256.6 -> 244.9 / 247.7,
+// 2048x65536 240.6 / 240.3 -> 228.2 / 228.9. Not taken: 8 -> 16 (1024x131072
+// level, 243.7 / 242.5 -> 243.1 / 241.0), nor for RMSNorm (2730x49152 level,
+// 212.4 / 214.3 -> 211.0 / 210.3; 2048x65536 217.0 / 215.9 -> 237.5 /
+// 239.8; 16 CTAs at 1024x131072 218.3 / 215.4 -> 253.2 / 253.7).
+// RESULTS.md 1zh.
 template <NormKind K, class T>
 int bwd_cluster(int64_t nvec) {
   const int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
+  if (K == NormKind::kLayer && sizeof(T) == 2 && cluster == 4) return 8;
   const int64_t share = ceil_div(nvec, cluster);  // packs of a CTA at the natural size
   bool split = false;
   if constexpr (sizeof(T) == 2) {

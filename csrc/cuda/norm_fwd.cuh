@@ -1128,6 +1128,24 @@ constexpr bool kSliceRefillAtEnd =
 // 2730x49152 214.2 / 208.7, 2340x57344 level; 1365x98304 bf16 215.7 / 205.3,
 // float16 206.6 / 210.5). RESULTS.md 1e.
 constexpr int kSliceStagedCluster = 4;
+// LayerNorm's plain forward of 16-bit x with float32 gamma and beta
+// (STAGED_PARAMS with float32 packs) stages them in shared memory as floats,
+// each pack as two 16-byte pieces in planes of their own ([gamma,
+// beta][piece][pack], so that a warp's 16-byte reads stay one wavefront a
+// phase), in a cluster twice the natural size (CTAs half as wide; 8192
+// (rows of kBlockThreads threads) goes to fwd_slices for it, plain_slices).
+// One build with a knob, H200, bf16 x, us, two rounds, unstaged -> staged in
+// the doubled cluster (staged at the natural size; at four times it):
+// 16384x8192 167.3 / 165.2 -> 152.1 / 153.9 (169.1 / 170.4; 161.2 / 159.0),
+// 10922x12288 177.7 / 177.9 -> 154.1 / 154.1 (228.9 / 228.5; 154.7 /
+// 154.8), 8192x16384 184.7 / 184.7 -> 160.7 / 158.1 (199.2 / 200.4; 160.0 /
+// 161.2), 5461x24576 189.0 / 193.8 -> 164.5 / 163.8 (187.6 / 187.9; 159.9 /
+// 158.7), 2048x65536 213.4 / 210.5 -> 171.1 / 174.3 (192.5 / 189.0; 177.4 /
+// 176.9), 512x262144 (a cluster of 16 either way) 240.4 / 236.2 -> 203.5 /
+// 205.8; float16 8192x16384 159.1, 2048x65536 176.1. RESULTS.md 1zh.
+template <NormKind K, Quant Q, class T, class P>
+constexpr bool kSliceStagedP32 =
+    K == NormKind::kLayer && Q == Quant::kNone && sizeof(T) == 2 && std::is_same_v<P, float>;
 // STAGED_HALVES: where STAGED_PARAMS' cluster is 4 or 8 CTAs, it takes
 // twice as many, each half as wide (256 threads or fewer, 64 KB of shared
 // memory), three an SM instead of one; their instance is held to
@@ -1279,7 +1297,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   constexpr bool kYSmem = ONE_CTA && Q == Quant::kRow;
   static_assert(!REFILL_AT_END || (!ONE_CTA && (kSliceRefillAtEnd<K, Q> || (HOLD_Y && K == NormKind::kRms))),
                 "fwd_slices: REFILL_AT_END is for clusters");
-  static_assert(!STAGED_PARAMS || (REFILL_AT_END && (kSliceStagedParams<K, Q, P, VEC> ||
+  static_assert(!STAGED_PARAMS || (REFILL_AT_END && (kSliceStagedParams<K, Q, P, VEC> || kSliceStagedP32<K, Q, T, P> ||
                                                      (HOLD_Y && STAGED_HALVES && kSliceStagedRow<K, Q, T, P>))),
                 "fwd_slices: STAGED_PARAMS is LayerNorm's plain forward or per-row FP8 across a cluster");
   static_assert(!STAGED_HALVES || STAGED_PARAMS, "fwd_slices: STAGED_HALVES is a STAGED_PARAMS instance");
@@ -1341,10 +1359,34 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   bool in[kSliceItems];
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) in[i] = WHOLE || first + local(i) < static_cast<int>(H);
-  // STAGED_PARAMS: [gamma packs][beta packs] of the slice after the two
-  // stages, for the parameter offset held_off.
+  // STAGED_PARAMS: gamma's and then beta's packs of the slice after the two
+  // stages, for the parameter offset held_off, each in planes of its 16-byte
+  // pieces ([gamma, beta][piece][pack]: float32 packs of 16-bit x's width
+  // are two pieces; a warp's 16-byte reads stay one wavefront a phase).
   using ParamPack = Pack<P, VEC>;
-  [[maybe_unused]] ParamPack* const sparams = reinterpret_cast<ParamPack*>(stages + 2 * packs);
+  constexpr int kPieces = sizeof(ParamPack) / 16;
+  [[maybe_unused]] ParamPack* const sparams = reinterpret_cast<ParamPack*>(stages + 2 * packs);  // one piece a pack
+  [[maybe_unused]] uint4* const spieces = stages + 2 * packs;
+  [[maybe_unused]] auto stage_param = [&](int which, int i, const ParamPack& pk) {
+    if constexpr (kPieces == 1) {
+      sparams[which * packs + pack(i)] = pk;
+    } else {
+#pragma unroll
+      for (int c = 0; c < kPieces; ++c)
+        spieces[(which * kPieces + c) * packs + pack(i)] = reinterpret_cast<const uint4*>(&pk)[c];
+    }
+  };
+  [[maybe_unused]] auto staged_param = [&](int which, int i) -> decltype(auto) {
+    if constexpr (kPieces == 1) {
+      return (sparams[which * packs + pack(i)]);
+    } else {
+      ParamPack pk;
+#pragma unroll
+      for (int c = 0; c < kPieces; ++c)
+        reinterpret_cast<uint4*>(&pk)[c] = spieces[(which * kPieces + c) * packs + pack(i)];
+      return pk;
+    }
+  };
   auto slice_of = [&](int q) { return slice_columns(q, static_cast<int64_t>(packs) * VEC, H); };
   const int64_t slice_elems = slice_of(rank);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
@@ -1465,9 +1507,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             } else {
               ParamPack pk;
               load_raw(gamma + first + local(i), pk);
-              sparams[pack(i)] = pk;
+              stage_param(0, i, pk);
               load_raw(beta + first + local(i), pk);
-              sparams[packs + pack(i)] = pk;
+              stage_param(1, i, pk);
             }
           }
         }
@@ -1589,7 +1631,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
             const Pack<P, VEC> gp = held_gamma[i];  // by value: no address taken of the array
             unpack(gp, g);
           } else if constexpr (STAGED_PARAMS) {
-            unpack<true>(sparams[pack(i)], g);
+            unpack<true>(staged_param(0, i), g);
           } else {
             load_pack<VEC>(gamma + first + local(i), g);
           }
@@ -1599,7 +1641,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
               const Pack<P, VEC> bp = held_beta[i];
               unpack(bp, b);
             } else if constexpr (STAGED_PARAMS) {
-              unpack<true>(sparams[packs + pack(i)], b);
+              unpack<true>(staged_param(1, i), b);
             } else {
               load_pack<VEC>(beta + first + local(i), b);
             }
@@ -2082,6 +2124,7 @@ bool plain_slices(const FwdArgs& a, int64_t nvec) {
   if (nvec > kSliceVecs) return true;
   const int tpr = row_threads(nvec, kRegItems);
   if (sizeof(T) == 2 && std::is_same_v<P, float> && tpr > kBlockThreads) return true;
+  if (kSliceStagedP32<K, Quant::kNone, T, P> && tpr == kBlockThreads && a.plain_params<K>()) return true;
   return sizeof(T) == 2 && tpr >= kBlockThreads && 6 * (kMaxRowThreads / tpr) * tpr < 5 * kMaxRowThreads;
 }
 
@@ -2180,6 +2223,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
         kSliceStagedParams<K, Q, P, VEC> && cluster >= kSliceStagedCluster && a.plain_params<K>();
     [[maybe_unused]] const bool halves = staged && cluster * 2 <= kMaxCluster;  // STAGED_HALVES
     if (halves) cluster *= 2;
+    [[maybe_unused]] const bool staged_p32 = kSliceStagedP32<K, Q, T, P> && a.plain_params<K>();
+    if (staged_p32) cluster = std::min(kMaxCluster, 2 * cluster);
     if constexpr (Q == Quant::kRow && sizeof(T) == 2 && std::is_same_v<P, T>) {
       if (cluster == 4 &&
           (K == NormKind::kLayer ||
@@ -2208,6 +2253,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     [[maybe_unused]] const bool staged_row =
         kSliceStagedRow<K, Q, T, P> && cluster > 1 && tpr <= kSliceStagedRowThreads && a.plain_params<K>();
     if (staged || staged_row) smem += 2 * stage_bytes;  // LayerNorm's gamma and beta packs
+    if (staged_p32) smem += 2 * stage_bytes * (sizeof(P) * VEC / 16);  // as float32, two pieces a pack
     auto pick = [&](auto whole) {
       constexpr bool W = decltype(whole)::value;
       auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
@@ -2238,6 +2284,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
             kernel = fwd_slices<K, Q, T, P, VEC, W, false, false, false, true, false, true>;
           }
         }
+      }
+      if constexpr (kSliceStagedP32<K, Q, T, P>) {
+        if (staged_p32) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, true>;
       }
       if constexpr (kSliceStagedRow<K, Q, T, P>) {
         if (staged_row) kernel = fwd_slices<K, Q, T, P, VEC, W, false, true, true, true, true>;
