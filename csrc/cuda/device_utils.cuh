@@ -1126,6 +1126,14 @@ __device__ __forceinline__ void early_launch_wait() {
 #endif
 }
 
+// Lets the next kernel, where launch_early launched it, be scheduled now,
+// while this one runs (without waiting for anything itself).
+__device__ __forceinline__ void early_launch_now() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Whether launch_early asks for the overlap: on compute capability 9.0 and
 // newer (the devices has_clusters() names), unless JAX_RMSNORM_PDL=0 is in
 // the environment (read once).

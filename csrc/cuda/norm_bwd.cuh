@@ -127,6 +127,7 @@ __device__ __forceinline__ void add_dh(const BwdArgs& a, int64_t idx, float (&ou
 
 template <NormKind K, class T, class P, int VEC>
 __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l) {
+  early_launch_now();  // bwd_columns may run beside it (param_sums)
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
@@ -567,6 +568,7 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // checks), so no pack tests whether it is in the row.
 template <NormKind K, class T, class P, int VEC, bool EARLY, bool WHOLE = false>
 __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold) {
+  early_launch_now();  // bwd_columns may run beside it (param_sums)
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "bwd_slices moves 16-byte packs");
   // [2 stages][x, dy][kSliceItems * blockDim.x] packs, then gamma's packs
@@ -948,12 +950,16 @@ __global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
   __syncthreads();
   // One thread a column and output: the rows of threads in order.
   const int t = threadIdx.y * kColLanes + threadIdx.x, c = t % kCols, out = t / kCols;
-  if (out >= a.param_outputs() || col0 + c >= H) return;
-  const int which = a.param_which(out);
-  float total = 0.f;
+  if (out < a.param_outputs() && col0 + c < H) {
+    const int which = a.param_which(out);
+    float total = 0.f;
 #pragma unroll 8
-  for (int k = 0; k < kColSplit; ++k) total += part[which][k][c];
-  static_cast<P*>(a.param_output(out))[blockIdx.y * H + col0 + c] = from_float<P>(total);
+    for (int k = 0; k < kColSplit; ++k) total += part[which][k][c];
+    static_cast<P*>(a.param_output(out))[blockIdx.y * H + col0 + c] = from_float<P>(total);
+  }
+  // Launched early (param_sums), it ran beside the dx kernel; it ends only
+  // after that kernel has, so that what comes next sees dx.
+  early_launch_wait();
 }
 
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
@@ -1127,9 +1133,15 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
   if (!a.workspace) {
     const int64_t tiles = ceil_div(a.shape.hidden / VEC, kColLanes);
     if (tiles > INT32_MAX) return ffi::Error::InvalidArgument("jax_rmsnorm: hidden size too large");
-    bwd_columns<K, T, P, VEC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
-                                dim3(kColLanes, kColSplit), 0, stream>>>(a);
-    return check_launch("bwd_columns");
+    // It reads only the backward's inputs, which the dx kernel does not
+    // write, so it is launched early (launch_early) and runs beside that
+    // kernel, which lets it start at once (early_launch_now); it waits for
+    // the dx kernel only before it ends. Same-call A/B on an H200, bf16, in
+    // XLA's CUDA graphs (benchmarks/chain_trace.py, chains of 50, the GPU's
+    // us a step; JAX_RMSNORM_PDL=0 -> early): RESULTS.md 1zh.
+    return launch_early(bwd_columns<K, T, P, VEC>,
+                        dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(a.shape.groups)),
+                        dim3(kColLanes, kColSplit), stream, "bwd_columns", a);
   }
   const bool aligned = a.shape.hidden % 4 == 0 && aligned16(a.workspace) && (!a.dgamma || aligned16(a.dgamma)) &&
                        (!a.dbeta || aligned16(a.dbeta));
