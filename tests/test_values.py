@@ -182,6 +182,50 @@ def test_chained_decode(kind, dtype, shape, residual, platform):
         assert_close(outs[i + 1][0], want, dtype, f"{kind} y, step {i + 1} of {steps}")
 
 
+# Decode-time backwards back to back in one program, each step's dy the dx
+# the step before wrote (every other step through XLA's |dx| first). At these
+# row counts dgamma/dbeta come from bwd_columns, which on compute capability
+# 9.0 and newer starts beside the dx kernel and ends only after it: the next
+# step must see the whole dx. Each step is checked against the float64
+# reference applied to the previous step's dx as the device returned it.
+@pytest.mark.parametrize("shape", [(16, 4096), (64, 8192), (1, 2048)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_chained_backward(kind, dtype, shape, platform):
+    steps, hidden = 8, shape[-1]
+    key = case_key((kind, dtype, shape, "bwd chain"))
+    x = random(key, shape, dtype)
+    dy = random(key + 1, shape, dtype)
+    gamma = random(key + 2, (hidden,), dtype, 0.1, 0.4)  # dx shrinks a little each step (no float16 overflow)
+    x, dy, gamma = put(platform, x, dy, gamma)
+    eps = EPS[kind]
+    if kind == "rms":
+        _, rstd = jrn.rms_norm_fwd(x, gamma, eps=eps)
+        step = lambda d: jrn.rms_norm_bwd(d, x, rstd, gamma)
+    else:
+        _, mean, rstd = jrn.layer_norm_fwd(x, gamma, eps=eps)
+        step = lambda d: jrn.layer_norm_bwd(d, x, mean, rstd, gamma)
+
+    @jax.jit
+    def chain(d):
+        outs = [(d,)]
+        for i in range(steps):
+            d = outs[-1][0]
+            outs.append(step(jnp.abs(d) if i % 2 else d))
+        return outs
+
+    poison(platform, 8 * x.size * (steps + 1) + 1024)
+    outs = chain(dy)
+    for i in range(steps):
+        d = outs[i][0]
+        d = jnp.abs(d) if i % 2 else d
+        dx, dg, db = ref_backward(kind, f64(d), x, gamma, eps=eps)
+        assert_close(outs[i + 1][0], dx, dtype, f"{kind} dx, step {i + 1} of {steps}")
+        assert_close(outs[i + 1][1], dg, dtype, f"{kind} dgamma, step {i + 1} of {steps}")
+        if kind == "layer":
+            assert_close(outs[i + 1][2], db, dtype, f"{kind} dbeta, step {i + 1} of {steps}")
+
+
 # On a GPU the plain forward of widths that are not a multiple of a 16-byte
 # pack takes fwd_unaligned: each row starts at its own offset from a 16-byte
 # boundary, its first and last elements taken one by one and the rest in
