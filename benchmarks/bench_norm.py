@@ -23,6 +23,11 @@ and writes -x at the same size (one launch a step, as for the ops); a single
 timed copy would be mostly host dispatch there. Each of our steps follows one
 of ours there, which our decode kernel's early launch shortens (RESULTS.md
 table 3); in a model a norm follows XLA's kernels, as chain_trace.py --mix has it.
+Each latency row also gives the host's dispatch of a call an op (ours / XLA's)
+and says "host-bound" where that reaches 80% of the time measured: the chained
+backward (50 dgamma outputs a call) was, on an H200, at 12-19 us an op for
+ours and XLA's alike against 2.5-7 us of GPU time (RESULTS.md 1zh), and
+chain_trace.py's GPU time is its measure there.
 """
 
 from __future__ import annotations
@@ -71,6 +76,22 @@ def _median_seconds(calls, iters, reps):
             jax.block_until_ready(out)
             times[k].append((time.perf_counter() - t0) / iters)
     return [statistics.median(ts) for ts in times]
+
+
+def _dispatch_seconds(call, reps):
+    """Median seconds for ``call(i)`` to return (not to finish), each call
+    made with the device idle: the host's dispatch of one call. Where it comes
+    near the seconds per call that _median_seconds times, calls back to back
+    wait on the host, and the timing is the host's, not the GPU's
+    (benchmarks/chain_trace.py gives the GPU's)."""
+    out, times = call(0), []
+    for i in range(3 * reps):
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+        out = call(i)
+        times.append(time.perf_counter() - t0)
+    jax.block_until_ready(out)
+    return statistics.median(times)
 
 
 def _rotated(fn, arg_sets):
@@ -235,11 +256,11 @@ def main():
             if args.rows:  # latency mode: time --chain dependent applications per call
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
-                t, tx = _median_seconds(
-                    [_rotated(chained(ours, args.chain, mode), sets),
-                     _rotated(chained(xla, args.chain, mode), xla_sets)],
-                    max(2, args.iters // 4), args.reps)
+                calls = [_rotated(chained(ours, args.chain, mode), sets),
+                         _rotated(chained(xla, args.chain, mode), xla_sets)]
+                t, tx = _median_seconds(calls, max(2, args.iters // 4), args.reps)
                 t, tx = t / args.chain, tx / args.chain
+                host, xla_host = (_dispatch_seconds(c, args.reps) / args.chain for c in calls)
             else:
                 t = bench(ours, sets, args.iters, args.reps)
                 tx = bench(xla, xla_sets, args.iters, args.reps)
@@ -253,8 +274,15 @@ def main():
                        xla_us=tx * 1e6, xla_tbps=bwx / 1e12, speedup=tx / t, copy_tbps=copy_bw / 1e12,
                        sol_tbps=(sol_bw or float("nan")) / 1e12)
             rows_out.append(row)
+            # Latency mode: the host's dispatch an op, ours / XLA's; "host-bound"
+            # where it is 80% or more of the time measured (_dispatch_seconds).
+            note = ""
+            if args.rows:
+                bound = "  host-bound" if max(host / t, xla_host / tx) >= 0.8 else ""
+                note = f"  dispatch {host * 1e6:.1f} / {xla_host * 1e6:.1f} us{bound}"
             print(f"{op:8} {dt.name:9} {m:>6}x{h:<7} {row['us']:9.1f} {row['tbps']:6.2f} {row['pct_copy']:5.0f}% "
-                  f"{row['pct_sol']:5.0f}% {row['xla_us']:9.1f} {row['xla_tbps']:8.2f} {row['speedup']:6.2f}x", flush=True)
+                  f"{row['pct_sol']:5.0f}% {row['xla_us']:9.1f} {row['xla_tbps']:8.2f} {row['speedup']:6.2f}x{note}",
+                  flush=True)
         how = "x -> -x chained as the ops are" if args.rows else "best of x -> -x and a D2D copy"
         print(f"{'copy':8} {dt.name:9} {m:>6}x{h:<7} {copy_t * 1e6:9.1f} {copy_bw / 1e12:6.2f}  ({how}; read + write)")
         if stream2_bw:
