@@ -4,6 +4,9 @@ For chains of `chain` (default 50) dependent backwards of bf16 rows of 4096 (1, 
 ours and XLA's jnp vjp, built as bench_norm.py builds them: the time a call back to back (what the
 latency mode divides by the chain), the time for a call to return with the device idle (the host's
 dispatch) and one call waited on. Where dispatch is as long as back to back, the host sets the pace.
+Each chain is timed twice: as bench_norm.py builds it (a dgamma output buffer a step) and
+"stacked" (the dgammas returned as one array), for whether the buffers a call returns set the
+host's time (RESULTS.md 1zh).
 
     python benchmarks/dispatch_probe.py [chain]
 """
@@ -40,21 +43,26 @@ for rows in (1, 16, 64):
             xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, g, b)[1](dy))
         xsets = list(zip(dys, xs))
         for name, fn, ss in (("ours", ours, sets), ("xla", xla, xsets)):
-            c = chained(fn, chain, "bwd")
-            for i in range(3):
-                jax.block_until_ready(c(*ss[i % 3]))
-            disp, blk, loop = [], [], []
-            for rep in range(7):
-                t0 = time.perf_counter()
-                for i in range(20):
-                    out = c(*ss[i % 3])
-                jax.block_until_ready(out)
-                loop.append((time.perf_counter() - t0) / 20)
-                for i in range(5):
+            chain_fn = chained(fn, chain, "bwd")
+            # "stacked": the same chain with its dgammas returned as one array
+            # (one output buffer a call instead of one a step), for whether the
+            # buffers a call returns set the host's time.
+            stacked_fn = jax.jit(lambda *a, c=chain_fn: (lambda o: (o[0], jnp.stack(o[1])))(c(*a)))
+            for form, c in (("", chain_fn), (" stacked", stacked_fn)):
+                for i in range(3):
+                    jax.block_until_ready(c(*ss[i % 3]))
+                disp, blk, loop = [], [], []
+                for rep in range(7):
+                    t0 = time.perf_counter()
+                    for i in range(20):
+                        out = c(*ss[i % 3])
                     jax.block_until_ready(out)
-                    t0 = time.perf_counter(); out = c(*ss[i % 3]); t1 = time.perf_counter()
-                    jax.block_until_ready(out); t2 = time.perf_counter()
-                    disp.append(t1 - t0); blk.append(t2 - t0)
-            m = statistics.median
-            print(f"{kind:5s} {name:4s} {rows:3d}x{h}  loop/op {m(loop)/chain*1e6:6.2f} us  dispatch/op {m(disp)/chain*1e6:6.2f}"
-                  f"  blocked/op {m(blk)/chain*1e6:6.2f}  (call: loop {m(loop)*1e6:7.1f} dispatch {m(disp)*1e6:7.1f} blocked {m(blk)*1e6:7.1f})", flush=True)
+                    loop.append((time.perf_counter() - t0) / 20)
+                    for i in range(5):
+                        jax.block_until_ready(out)
+                        t0 = time.perf_counter(); out = c(*ss[i % 3]); t1 = time.perf_counter()
+                        jax.block_until_ready(out); t2 = time.perf_counter()
+                        disp.append(t1 - t0); blk.append(t2 - t0)
+                m = statistics.median
+                print(f"{kind:5s} {name + form:12s} {rows:3d}x{h}  loop/op {m(loop)/chain*1e6:6.2f} us  dispatch/op {m(disp)/chain*1e6:6.2f}"
+                      f"  blocked/op {m(blk)/chain*1e6:6.2f}  (call: loop {m(loop)*1e6:7.1f} dispatch {m(disp)*1e6:7.1f} blocked {m(blk)*1e6:7.1f})", flush=True)
