@@ -62,6 +62,9 @@ def test_bench_norm_runs(mode):
     for op in ops:
         for shape in shapes:
             assert any(line.startswith(f"| {op} | bfloat16 | {shape} |") for line in out.splitlines()), out[-2000:]
+            if mode[0] == "--rows":  # the host's dispatch an op, ours / XLA's
+                assert any(line.startswith(op) and shape in line and " dispatch " in line
+                           for line in out.splitlines()), out[-2000:]
 
 
 def test_profile_ops_runs():
