@@ -1114,17 +1114,12 @@ ffi::Error launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, si
 // A kernel launched by launch_early may be scheduled while the kernel before
 // it in the stream (or in XLA's CUDA graph) is still finishing, so a launch's
 // start-up overlaps the previous kernel's tail. Such a kernel must call
-// early_launch_wait() before it reads or writes global memory: it returns once
-// the previous grid has completed and its writes are visible. The call also
-// lets the next kernel, if it was launched the same way, be scheduled at once.
+// early_launch_wait() before it touches memory that kernel writes: it returns
+// once the previous grid has completed and its writes are visible. A kernel
+// that reads none of it may run on and call it only before it ends, so that
+// its own completion still implies the previous kernel's (bwd_columns).
 // Without the launch attribute (an older GPU, or JAX_RMSNORM_PDL=0) both
 // instructions return at once.
-__device__ __forceinline__ void early_launch_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // Lets the next kernel, where launch_early launched it, be scheduled now,
 // while this one runs (without waiting for anything itself).
@@ -1132,6 +1127,15 @@ __device__ __forceinline__ void early_launch_now() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Waits for the previous grid (see above), then lets the next one be
+// scheduled at once (early_launch_now).
+__device__ __forceinline__ void early_launch_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  early_launch_now();
 }
 
 // Whether launch_early asks for the overlap: on compute capability 9.0 and
@@ -1145,8 +1149,8 @@ inline bool early_launch_enabled() {
   return allowed && has_clusters();
 }
 
-// Launches `kernel`, which calls early_launch_wait() before any global memory
-// access, with programmatic dependent launch where early_launch_enabled().
+// Launches `kernel`, which calls early_launch_wait() as described above, with
+// programmatic dependent launch where early_launch_enabled().
 // Measured in XLA's CUDA graphs on an H100 (benchmarks/chain_trace.py, chains
 // of 50 norms, bf16, 1-256 rows of 4096 and 8192): the gap between one of our
 // decode-time kernels and the next of ours went from 0.26-0.29 us to
