@@ -2,67 +2,61 @@
 
 For chains of `chain` (default 50) dependent backwards of bf16 rows of 4096 (1, 16 and 64 rows),
 ours and XLA's jnp vjp, built as bench_norm.py builds them: the time a call back to back (what the
-latency mode divides by the chain), the time for a call to return with the device idle (the host's
-dispatch) and one call waited on. Where dispatch is as long as back to back, the host sets the pace.
-Each chain is timed twice: as bench_norm.py builds it (a dgamma output buffer a step) and
-"stacked" (the dgammas returned as one array), for whether the buffers a call returns set the
-host's time (RESULTS.md 1zh).
+latency mode divides by the chain) and the time for a call to return with the device idle (the
+host's dispatch), with bench_norm.py's own timers. Where dispatch is as long as back to back, the
+host sets the pace. Each chain is timed twice: as bench_norm.py builds it (a dgamma output buffer
+a step) and "stacked" (the dgammas returned as one array), for whether the buffers a call returns
+set the host's time (RESULTS.md 1zh).
 
     python benchmarks/dispatch_probe.py [chain]
 """
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from bench_norm import chained, jnp_rms, jnp_layer
+from bench_norm import _dispatch_seconds, _median_seconds, _rotated, chained, jnp_layer, jnp_rms
 
-h = 4096
-chain = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-print("device", jax.devices()[0].device_kind, "chain", chain)
-for rows in (1, 16, 64):
-    k = jax.random.split(jax.random.PRNGKey(rows), 4)
-    xs = [jax.random.normal(jax.random.fold_in(k[0], i), (rows, h), jnp.bfloat16) for i in range(3)]
-    dys = [jax.random.normal(jax.random.fold_in(k[1], i), (rows, h), jnp.bfloat16) for i in range(3)]
-    g = jax.random.uniform(k[2], (h,), jnp.bfloat16, 0.5, 1.5)
-    b = jax.random.normal(k[3], (h,), jnp.bfloat16)
-    for kind in ("rms", "layer"):
-        if kind == "rms":
-            rs = [jrn.rms_norm_fwd(x, g)[1] for x in xs]
-            ours = jax.jit(lambda dy, x, r: jrn.rms_norm_bwd(dy, x, r, g)); sets = list(zip(dys, xs, rs))
-            xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg: jnp_rms(x, gg), x, g)[1](dy))
-        else:
-            st = [jrn.layer_norm_fwd(x, g, b) for x in xs]
-            ours = jax.jit(lambda dy, x, mu, r: jrn.layer_norm_bwd(dy, x, mu, r, g))
-            sets = [(dy, x, s[1], s[2]) for dy, x, s in zip(dys, xs, st)]
-            xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, g, b)[1](dy))
-        xsets = list(zip(dys, xs))
-        for name, fn, ss in (("ours", ours, sets), ("xla", xla, xsets)):
-            chain_fn = chained(fn, chain, "bwd")
-            # "stacked": the same chain with its dgammas returned as one array
-            # (one output buffer a call instead of one a step), for whether the
-            # buffers a call returns set the host's time.
-            stacked_fn = jax.jit(lambda *a, c=chain_fn: (lambda o: (o[0], jnp.stack(o[1])))(c(*a)))
-            for form, c in (("", chain_fn), (" stacked", stacked_fn)):
-                for i in range(3):
-                    jax.block_until_ready(c(*ss[i % 3]))
-                disp, blk, loop = [], [], []
-                for rep in range(7):
-                    t0 = time.perf_counter()
-                    for i in range(20):
-                        out = c(*ss[i % 3])
-                    jax.block_until_ready(out)
-                    loop.append((time.perf_counter() - t0) / 20)
-                    for i in range(5):
-                        jax.block_until_ready(out)
-                        t0 = time.perf_counter(); out = c(*ss[i % 3]); t1 = time.perf_counter()
-                        jax.block_until_ready(out); t2 = time.perf_counter()
-                        disp.append(t1 - t0); blk.append(t2 - t0)
-                m = statistics.median
-                print(f"{kind:5s} {name + form:12s} {rows:3d}x{h}  loop/op {m(loop)/chain*1e6:6.2f} us  dispatch/op {m(disp)/chain*1e6:6.2f}"
-                      f"  blocked/op {m(blk)/chain*1e6:6.2f}  (call: loop {m(loop)*1e6:7.1f} dispatch {m(disp)*1e6:7.1f} blocked {m(blk)*1e6:7.1f})", flush=True)
+ITERS, REPS = 20, 7
+
+
+def main():
+    h = 4096
+    chain = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    print("device", jax.devices()[0].device_kind, "chain", chain)
+    for rows in (1, 16, 64):
+        k = jax.random.split(jax.random.PRNGKey(rows), 4)
+        xs = [jax.random.normal(jax.random.fold_in(k[0], i), (rows, h), jnp.bfloat16) for i in range(3)]
+        dys = [jax.random.normal(jax.random.fold_in(k[1], i), (rows, h), jnp.bfloat16) for i in range(3)]
+        g = jax.random.uniform(k[2], (h,), jnp.bfloat16, 0.5, 1.5)
+        b = jax.random.normal(k[3], (h,), jnp.bfloat16)
+        for kind in ("rms", "layer"):
+            if kind == "rms":
+                rs = [jrn.rms_norm_fwd(x, g)[1] for x in xs]
+                ours = jax.jit(lambda dy, x, r: jrn.rms_norm_bwd(dy, x, r, g))
+                sets = list(zip(dys, xs, rs))
+                xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg: jnp_rms(x, gg), x, g)[1](dy))
+            else:
+                st = [jrn.layer_norm_fwd(x, g, b) for x in xs]
+                ours = jax.jit(lambda dy, x, mu, r: jrn.layer_norm_bwd(dy, x, mu, r, g))
+                sets = [(dy, x, s[1], s[2]) for dy, x, s in zip(dys, xs, st)]
+                xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, g, b)[1](dy))
+            for name, fn, arg_sets in (("ours", ours, sets), ("xla", xla, list(zip(dys, xs)))):
+                chain_fn = chained(fn, chain, "bwd")
+                # The same chain with its dgammas returned as one array (one
+                # output buffer a call instead of one a step).
+                stacked_fn = jax.jit(lambda *a, c=chain_fn: (lambda o: (o[0], jnp.stack(o[1])))(c(*a)))
+                for form, c in (("", chain_fn), (" stacked", stacked_fn)):
+                    call = _rotated(c, arg_sets)
+                    loop = _median_seconds([call], ITERS, REPS)[0]  # compiles and warms up first
+                    dispatch = _dispatch_seconds(call, REPS)
+                    print(f"{kind:5s} {name + form:12s} {rows:3d}x{h}  loop/op {loop / chain * 1e6:6.2f} us  "
+                          f"dispatch/op {dispatch / chain * 1e6:6.2f} us  (a call: {loop * 1e6:7.1f} / "
+                          f"{dispatch * 1e6:7.1f} us)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
