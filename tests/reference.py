@@ -133,6 +133,14 @@ def decode_bounds():
             (1, 37), (sms // 4, 37), (sms // 4, 2048), (4, 512), (4, 513), (4, 1024), (4, 1025)]
 
 
+def bwd_decode_bounds():
+    """(rows, packs of 16 bytes) on both sides of the GPU backward's
+    decode-time bounds (bwd_decode): 64 rows; rows of 2048 packs; one pack a
+    thread up to 512 packs, two above; one row (dgamma/dbeta written by the
+    dx kernel itself) and a row of one pack (one warp, 31 threads idle)."""
+    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (64, 512), (65, 512), (64, 2048), (3, 1001)]
+
+
 def decode_hidden(packs, dtype):
     """The hidden size of `packs` 16-byte packs of dtype (1001: itself)."""
     return packs * (16 // np.dtype(dtype).itemsize) if packs != 1001 else packs

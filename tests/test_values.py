@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, assert_close, case_key, decode_bounds, decode_hidden, f64, poison, put, random,
-                       ref_add, ref_backward, ref_forward, run_script)
+from reference import (DTYPES, assert_close, bwd_decode_bounds, case_key, decode_bounds, decode_hidden, f64, poison,
+                       put, random, ref_add, ref_backward, ref_forward, run_script)
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -108,6 +108,20 @@ def test_forward_backward(kind, dtype, shape, platform):
 def test_decode_row_bounds(kind, dtype, rows, packs, platform):
     hidden = decode_hidden(packs, dtype)
     _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
+
+
+# On a GPU the backward of at most 64 rows of up to 2048 packs of 16 bytes
+# (one parameter group) takes its own kernel (bwd_decode), which at one row
+# writes dgamma/dbeta itself; one row or one pack more takes the general ones.
+# Both sides of each bound (bwd_decode_bounds), every dtype and parameter
+# variant.
+@pytest.mark.parametrize("rows, packs", bwd_decode_bounds(), ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_backward_decode_bounds(kind, dtype, rows, packs, platform):
+    hidden = decode_hidden(packs, dtype)
+    _check_variants(kind, dtype, (rows, hidden), platform, (kind, "bwd_decode", rows, hidden))
 
 
 # On a GPU LayerNorm's plain forward of 16-bit x with float32 parameters, in

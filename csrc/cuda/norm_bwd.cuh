@@ -6,7 +6,8 @@
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
 //   dx  += dh  (fused residual add: the gradient of h = x + residual)
 //
-// Kernels: bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
+// Kernels: bwd_decode (a few rows: one row a CTA, nothing persistent),
+// bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
 // sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
 // CTA or a thread block cluster that walks its rows, each CTA bulk-copying its
 // slice of the next row into shared memory and keeping its dgamma sums in
@@ -50,6 +51,7 @@ constexpr int kReduceLanes = 32, kReduceSplit = 8, kReduceUnroll = 4;
 constexpr int64_t kReduceRows = kReduceSplit * kReduceUnroll;
 constexpr int kSliceItems = 4;  // packs per thread in bwd_slices
 constexpr int kSliceThreads = 512;
+constexpr int kDecodeMaxThreads = 1024;  // bwd_decode's CTA at most (one row)
 
 // The row sums of the backward, acc = {sum(g * xhat), sum(g)}, g = dy * scale,
 // over the row's threads (and its cluster's CTAs): RMSNorm needs only the
@@ -206,6 +208,73 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg[i]);
       if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
+    }
+  }
+}
+
+// The backward at decode-time row counts (launch_bwd_decode: at most
+// kBwdDecodeMaxRows rows, one parameter group, no workspace): one row a CTA,
+// ITEMS packs a thread held raw; x, dy, the scales and the row's statistics
+// loaded at once after the early launch's wait, and one reduction a row, as
+// in fwd_decode. The persistent kernels' pipeline (bwd_slices' stages, the
+// slot's walk over rows) is start-up cost that a row or a few never repay.
+// DIRECT: the launch's only row, whose dy * xhat and dy are dgamma and dbeta,
+// written here; otherwise bwd_columns sums them beside this kernel
+// (param_sums), starting once every CTA here has passed its wait.
+template <NormKind K, class T, class P, int VEC, int ITEMS, bool DIRECT>
+__global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
+  early_launch_wait();  // launched by launch_early: before any global memory access
+  using V = Pack<T, VEC>;
+  __shared__ float smem[kRowSumSmem];
+  const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
+  const int row = static_cast<int>(blockIdx.x);
+  const V* x = reinterpret_cast<const V*>(static_cast<const T*>(a.x) + row * H);
+  const V* dy = reinterpret_cast<const V*>(static_cast<const T*>(a.dy) + row * H);
+  const P* gamma = static_cast<const P*>(a.gamma);
+  auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
+  V xv[ITEMS], dv[ITEMS];
+  float s[ITEMS][VEC];
+  bool in[ITEMS];
+  const float rstd = a.rstd[row];
+  const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    in[i] = pack(i) < nvec;
+    if (in[i]) {
+      xv[i] = x[pack(i)];
+      dv[i] = dy[pack(i)];
+      load_scale<VEC>(gamma, pack(i) * VEC, a.zero_centered, s[i]);
+    }
+  }
+  float acc[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (in[i]) {
+      float xf[VEC], d[VEC];
+      unpack(xv[i], xf);
+      unpack(dv[i], d);
+      add_grad_sums_of<VEC>(acc, xf, d, s[i], mean);
+    }
+  }
+  grad_sums_scaled(acc, rstd);
+  grad_row_sums<K, true>(acc, smem);
+  float c1, c2;
+  row_coefs<K>(a, row, true, acc, &c1, &c2);
+  T* dx = static_cast<T*>(a.dx) + row * H;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (in[i]) {
+      const int col = pack(i) * VEC;
+      float xf[VEC], d[VEC], out[VEC], dg[VEC] = {}, db[VEC] = {};
+      unpack(xv[i], xf);
+      unpack(dv[i], d);
+      grad_dx<K, VEC>(out, dg, db, xf, d, s[i], mean, rstd, c1, c2);
+      if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
+      store_pack<VEC>(dx + col, out);
+      if constexpr (DIRECT) {
+        if (a.dgamma) store_pack<VEC>(static_cast<P*>(a.dgamma) + col, dg);
+        if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(static_cast<P*>(a.dbeta) + col, db);
+      }
     }
   }
 }
@@ -1151,9 +1220,48 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
   return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
 }
 
+// bwd_decode where it applies (see there): rows of 16-byte packs, at most
+// kBwdDecodeMaxRows, one parameter group, no workspace and no given
+// coefficients. One pack a thread in rows of at most kBwdDecodeOneItemPacks
+// packs, two in wider ones. In XLA's CUDA graphs on an H200
+// (benchmarks/chain_trace.py, chains of 50, the GPU's us a step, bf16,
+// bwd_slices or bwd_regs + bwd_columns -> bwd_decode with two packs a
+// thread / with one; XLA's jnp backward in brackets): RMSNorm 1x2048 3.42
+// -> 2.02 / 1.80 (2.43), 1x4096 3.49 -> 2.26 / 2.16 (2.54), 1x8192 4.05 ->
+// 2.79 / 2.87 (3.07), 1x16384 4.92 -> 4.00 (3.81), 16x4096 3.56 -> 3.07 /
+// 3.09 (4.04), 64x4096 3.73 -> 3.55 / 3.58 (4.43), 16x8192 4.12 -> 3.36 /
+// 3.39 (4.69), 64x8192 4.20 -> 4.08 / 4.14 (4.83); LayerNorm 1x2048 3.75 ->
+// 2.12 / 1.93 (3.55), 1x4096 3.75 -> 2.43 / 2.43 (3.83), 1x8192 4.31 ->
+// 3.22 / 3.50 (7.20), 1x16384 5.29 -> 4.87 (8.75), 16x4096 3.88 -> 3.49 /
+// 3.51, 64x4096 4.16 -> 4.07 / 4.11, 16x8192 4.43 -> 4.15 / 4.19, 64x8192
+// 5.09 -> 5.11 / 5.16. Not at 256 rows, where bwd_columns overlapped the
+// persistent kernels more than this one: RMSNorm 256x4096 5.12 -> 6.56,
+// LayerNorm 5.72 -> 8.15; 256x8192 7.94 -> 7.60 and 8.99 -> 9.36.
+// RESULTS.md 1zi.
+constexpr int64_t kBwdDecodeMaxRows = 64;
+constexpr int64_t kBwdDecodeOneItemPacks = 512;
+template <NormKind K, class T, class P, int VEC>
+bool launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec, ffi::Error* err) {
+  if (a.workspace || a.coef || a.shape.groups != 1 || a.shape.rows > kBwdDecodeMaxRows ||
+      a.shape.rows * a.shape.hidden > INT32_MAX || nvec > 2 * kDecodeMaxThreads)
+    return false;
+  const bool direct = a.shape.rows == 1 && a.param_outputs() > 0;
+  const int items = nvec <= kBwdDecodeOneItemPacks ? 1 : 2;
+  auto kernel = items == 1 ? (direct ? bwd_decode<K, T, P, VEC, 1, true> : bwd_decode<K, T, P, VEC, 1, false>)
+                           : (direct ? bwd_decode<K, T, P, VEC, 2, true> : bwd_decode<K, T, P, VEC, 2, false>);
+  const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
+  *err = launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows)), dim3(threads), stream, "bwd_decode", a);
+  if (!err->failure() && !direct) *err = param_sums<K, T, P, VEC>(stream, a, SlotLayout{0, 0});
+  return true;
+}
+
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
+  if constexpr (kSlicesFit<T, VEC>) {
+    ffi::Error err = ffi::Error::Success();
+    if (launch_bwd_decode<K, T, P, VEC>(stream, a, nvec, &err)) return err;
+  }
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
   // Without a workspace (no dgamma/dbeta, or few rows: bwd_columns sums them),
   // pick a slot count freely.
