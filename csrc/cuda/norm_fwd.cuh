@@ -1049,6 +1049,17 @@ constexpr int kSliceThreads = 512;
 // 238.8 us, 512x262144 327.3 -> 333.9).
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && sizeof(P) * VEC == 16;
+// ONE_CTA also takes LayerNorm's plain forward of 16-bit x with parameters
+// in x's dtype where one CTA of more than kBlockThreads threads takes the row
+// (hidden 8200-16384 in bf16; plain_slices sends it here), instead of fwd_regs
+// (16384) or the unheld one-CTA instance (10240-12288). One build with a
+// knob, H200, us, one round, unheld -> held: bf16 13107x10240 154.4 ->
+// 148.9, 10922x12288 158.5 -> 154.5, 8192x16384 162.4 -> 149.6; float16
+// 155.2 -> 149.0, 157.7 -> 149.9, 159.0 -> 150.7 (RMSNorm's 138.9-158.4 in
+// the same run). Not at 8192 (256 threads: bf16 152.1 -> 150.9, float16
+// 151.6 -> 155.2). RESULTS.md 1zi.
+template <NormKind K, Quant Q, class P, int VEC>
+constexpr bool kSliceOneCtaPlain = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // ONE_CTA also takes LayerNorm's per-row FP8 in narrow rows (kSliceYSmemThreads).
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
@@ -1288,8 +1299,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         fwd_slices(FwdArgs a, int64_t used, int cluster) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
-  static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
-                "fwd_slices: ONE_CTA is LayerNorm's per-tensor or per-row FP8");
+  static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaPlain<K, Q, P, VEC> ||
+                    (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
+                "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8, plain forward or per-row FP8");
   // LayerNorm's per row with its parameters held (ONE_CTA) keeps the pending
   // row's y as floats in shared memory after the two stages, not in the 32
   // registers the held parameters take: each thread writes and reads only
@@ -2125,6 +2137,7 @@ bool plain_slices(const FwdArgs& a, int64_t nvec) {
   const int tpr = row_threads(nvec, kRegItems);
   if (sizeof(T) == 2 && std::is_same_v<P, float> && tpr > kBlockThreads) return true;
   if (kSliceStagedP32<K, Quant::kNone, T, P> && tpr == kBlockThreads && a.plain_params<K>()) return true;
+  if (kSliceOneCtaPlain<K, Quant::kNone, P, 16 / sizeof(T)> && sizeof(T) == 2 && tpr > kBlockThreads) return true;
   return sizeof(T) == 2 && tpr >= kBlockThreads && 6 * (kMaxRowThreads / tpr) * tpr < 5 * kMaxRowThreads;
 }
 
@@ -2259,6 +2272,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
       if constexpr (kSliceOneCta<K, Q, P, VEC>) {
         if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
+      }
+      if constexpr (kSliceOneCtaPlain<K, Q, P, VEC> && sizeof(T) == 2) {
+        if (cluster == 1 && tpr > kBlockThreads) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
       }
       if constexpr (kYSmemRow) {
         if (ysmem) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
