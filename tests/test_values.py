@@ -99,29 +99,17 @@ def test_forward_backward(kind, dtype, shape, platform):
 
 # On a GPU the plain forward of at most two rows per SM, rows of up to 2048
 # packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
-# pack more, takes the general one. Both sides of each bound (decode_bounds),
-# every dtype.
-@pytest.mark.parametrize("rows, packs", decode_bounds(), ids=lambda v: str(v))
+# pack more, takes the general one. So does the backward of at most 64 rows
+# (bwd_decode), which at one row writes dgamma/dbeta itself. Both sides of
+# each bound (decode_bounds, bwd_decode_bounds), every dtype and parameter
+# variant.
+@pytest.mark.parametrize("rows, packs", decode_bounds() + bwd_decode_bounds(), ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_decode_row_bounds(kind, dtype, rows, packs, platform):
     hidden = decode_hidden(packs, dtype)
     _check_variants(kind, dtype, (rows, hidden), platform, (kind, rows, hidden))
-
-
-# On a GPU the backward of at most 64 rows of up to 2048 packs of 16 bytes
-# (one parameter group) takes its own kernel (bwd_decode), which at one row
-# writes dgamma/dbeta itself; one row or one pack more takes the general ones.
-# Both sides of each bound (bwd_decode_bounds), every dtype and parameter
-# variant.
-@pytest.mark.parametrize("rows, packs", bwd_decode_bounds(), ids=lambda v: str(v))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("platform", ["gpu"])
-def test_backward_decode_bounds(kind, dtype, rows, packs, platform):
-    hidden = decode_hidden(packs, dtype)
-    _check_variants(kind, dtype, (rows, hidden), platform, (kind, "bwd_decode", rows, hidden))
 
 
 # On a GPU LayerNorm's plain forward of 16-bit x with float32 parameters, in
