@@ -96,7 +96,8 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--chain", type=int, default=50)
     ap.add_argument("--runs", type=int, default=3, help="traced calls per chain; the median step is printed")
-    ap.add_argument("--names", action="store_true", help="print the kernel names of each chain")
+    ap.add_argument("--names", action="store_true",
+                    help="print the kernels of each chain: how many, their median us, their names")
     ap.add_argument("--mix", action="store_true",
                     help="follow each norm with XLA's 2 * y (its own kernel), as a model's other ops "
                          "follow a norm: the gaps are then between our kernel and XLA's, both ways")
@@ -152,8 +153,11 @@ def main():
                 host = dict(runs[0][1])
                 print(f"{name:11} {m:>5}x{h:<6} {per:6.1f} {span:8.2f} {busy:9.2f} {gap:7.2f}  {host}", flush=True)
                 if args.names:
-                    for kname, n in collections.Counter(n for n, _, _ in runs[0][0]).most_common(4):
-                        print(f"{'':24}{n:4} x {kname[:100]}")
+                    durations = collections.defaultdict(list)
+                    for kname, start, end in runs[0][0]:
+                        durations[kname].append((end - start) / 1e3)
+                    for kname, ds in sorted(durations.items(), key=lambda kv: -len(kv[1]))[:4]:
+                        print(f"{'':24}{len(ds):4} x {statistics.median(ds):6.2f} us  {kname[:100]}")
 
 
 if __name__ == "__main__":
