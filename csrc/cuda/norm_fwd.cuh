@@ -2113,7 +2113,9 @@ constexpr int64_t kRegsCtaVecs =
 // (14563x9216, three CTAs of 288: 202.9 / 202.0 -> 199.9 / 202.6;
 // 16368x8200 level; 9362x14336, two of 448, level), float32 x (21845x6144
 // 370.1 / 371.2 -> 389.4 / 389.8), RMSNorm (10922x12288 191.2 / 188.8 ->
-// 202.3 / 203.4, knob build). RESULTS.md 1c.
+// 202.3 / 203.4, knob build). RESULTS.md 1c. Since 3b2b25d all of
+// LayerNorm's rows of 16-bit x of more than kBlockThreads threads go there
+// (the two paragraphs below), so that five-sixths rule no longer decides.
 //
 // With float32 parameters (and 16-bit x) LayerNorm's rows of more than
 // kBlockThreads threads (hidden 8200-16384) all go to fwd_slices: fwd_regs'
@@ -2126,6 +2128,12 @@ constexpr int64_t kRegsCtaVecs =
 // 192.5 / 191.7. Not taken at 256 threads (hidden 8192): bf16 level (168.2
 // / 167.3 -> 168.5 / 172.9), float16 slower (165.0 / 166.8 -> 183.8 /
 // 183.8). RESULTS.md 1zb.
+//
+// With parameters in x's dtype too, from 3b2b25d: fwd_slices' ONE_CTA
+// instance holds them across rows (kSliceOneCtaPlain). So every such row of
+// 16-bit x goes to fwd_slices, with either parameter dtype; rows of
+// kBlockThreads threads only with float32 gamma and beta given
+// (kSliceStagedP32).
 template <NormKind K, class T, class P>
 bool plain_slices(const FwdArgs& a, int64_t nvec) {
   if (a.shape.rows <= 2 * device_attribute<cudaDevAttrMultiProcessorCount>()) return false;
@@ -2135,10 +2143,8 @@ bool plain_slices(const FwdArgs& a, int64_t nvec) {
   }
   if (nvec > kSliceVecs) return true;
   const int tpr = row_threads(nvec, kRegItems);
-  if (sizeof(T) == 2 && std::is_same_v<P, float> && tpr > kBlockThreads) return true;
-  if (kSliceStagedP32<K, Quant::kNone, T, P> && tpr == kBlockThreads && a.plain_params<K>()) return true;
-  if (kSliceOneCtaPlain<K, Quant::kNone, P, 16 / sizeof(T)> && sizeof(T) == 2 && tpr > kBlockThreads) return true;
-  return sizeof(T) == 2 && tpr >= kBlockThreads && 6 * (kMaxRowThreads / tpr) * tpr < 5 * kMaxRowThreads;
+  return sizeof(T) == 2 && (tpr > kBlockThreads || (kSliceStagedP32<K, Quant::kNone, T, P> &&
+                                                    tpr == kBlockThreads && a.plain_params<K>()));
 }
 
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ>
