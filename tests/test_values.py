@@ -185,11 +185,13 @@ def test_chained_decode(kind, dtype, shape, residual, platform):
 
 
 # Decode-time backwards back to back in one program, each step's dy the dx
-# the step before wrote (every other step through XLA's |dx| first). At these
-# row counts dgamma/dbeta come from bwd_columns, which on compute capability
+# the step before wrote (every other step through XLA's |dx| first). On a GPU
+# these take bwd_decode, launched early: it waits for the step before. At 16
+# and 64 rows dgamma/dbeta come from bwd_columns, which on compute capability
 # 9.0 and newer starts beside the dx kernel and ends only after it: the next
-# step must see the whole dx. Each step is checked against the float64
-# reference applied to the previous step's dx as the device returned it.
+# step must see the whole dx; at one row the dx kernel writes them itself.
+# Each step is checked against the float64 reference applied to the previous
+# step's dx as the device returned it.
 @pytest.mark.parametrize("shape", [(16, 4096), (64, 8192), (1, 2048)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)

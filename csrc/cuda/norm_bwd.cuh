@@ -1220,8 +1220,8 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
   return aligned ? reduce_slots<P, 4>(stream, a, l) : reduce_slots<P, 1>(stream, a, l);
 }
 
-// bwd_decode where it applies (see there): rows of 16-byte packs, at most
-// kBwdDecodeMaxRows, one parameter group, no workspace and no given
+// bwd_decode where it applies (bwd_decode_fits): rows of 16-byte packs, at
+// most kBwdDecodeMaxRows, one parameter group, no workspace and no given
 // coefficients. One pack a thread in rows of at most kBwdDecodeOneItemPacks
 // packs, two in wider ones. In XLA's CUDA graphs on an H200
 // (benchmarks/chain_trace.py, chains of 50, the GPU's us a step, bf16,
@@ -1240,27 +1240,32 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // RESULTS.md 1zi.
 constexpr int64_t kBwdDecodeMaxRows = 64;
 constexpr int64_t kBwdDecodeOneItemPacks = 512;
+constexpr int64_t kBwdDecodeMaxPacks = 2 * kDecodeMaxThreads;  // two packs a thread
+// bwd_decode indexes its rows in 32 bits (8: the elements of a 16-byte pack of 16-bit x).
+static_assert(kBwdDecodeMaxRows * kBwdDecodeMaxPacks * 8 <= INT32_MAX, "bwd_decode: 32-bit indexing");
+
+inline bool bwd_decode_fits(const BwdArgs& a, int64_t nvec) {
+  return !a.workspace && !a.coef && a.shape.groups == 1 && a.shape.rows <= kBwdDecodeMaxRows &&
+         nvec <= kBwdDecodeMaxPacks;
+}
+
 template <NormKind K, class T, class P, int VEC>
-bool launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec, ffi::Error* err) {
-  if (a.workspace || a.coef || a.shape.groups != 1 || a.shape.rows > kBwdDecodeMaxRows ||
-      a.shape.rows * a.shape.hidden > INT32_MAX || nvec > 2 * kDecodeMaxThreads)
-    return false;
+ffi::Error launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec) {
   const bool direct = a.shape.rows == 1 && a.param_outputs() > 0;
   const int items = nvec <= kBwdDecodeOneItemPacks ? 1 : 2;
   auto kernel = items == 1 ? (direct ? bwd_decode<K, T, P, VEC, 1, true> : bwd_decode<K, T, P, VEC, 1, false>)
                            : (direct ? bwd_decode<K, T, P, VEC, 2, true> : bwd_decode<K, T, P, VEC, 2, false>);
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
-  *err = launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows)), dim3(threads), stream, "bwd_decode", a);
-  if (!err->failure() && !direct) *err = param_sums<K, T, P, VEC>(stream, a, SlotLayout{0, 0});
-  return true;
+  JRN_RETURN_IF_ERROR(
+      launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows)), dim3(threads), stream, "bwd_decode", a));
+  return direct ? ffi::Error::Success() : param_sums<K, T, P, VEC>(stream, a, SlotLayout{0, 0});
 }
 
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_vec(cudaStream_t stream, const BwdArgs& a) {
   const int64_t nvec = a.shape.hidden / VEC, rpg = a.shape.rows_per_group();
   if constexpr (kSlicesFit<T, VEC>) {
-    ffi::Error err = ffi::Error::Success();
-    if (launch_bwd_decode<K, T, P, VEC>(stream, a, nvec, &err)) return err;
+    if (bwd_decode_fits(a, nvec)) return launch_bwd_decode<K, T, P, VEC>(stream, a, nvec);
   }
   if (a.shape.groups > 65535) return ffi::Error::InvalidArgument("jax_rmsnorm: too many parameter groups");
   // Without a workspace (no dgamma/dbeta, or few rows: bwd_columns sums them),
