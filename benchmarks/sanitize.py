@@ -23,10 +23,11 @@ import jax_rmsnorm as jrn
 # per-row FP8, one CTA a row; 5x127: several rows a CTA). 203x136: current
 # scaling's q_t from the byte-wise transpose, its 64 x 64 tiles cut in both
 # directions (203 rows: no multiple of 4). 1x2048: the decode-time backward's
-# one row, whose dgamma/dbeta its dx kernel writes (bwd_decode); 4x4096 and
-# 9x1000 take it with bwd_columns beside it.
+# one row, whose dgamma/dbeta its dx kernel writes (bwd_decode); 4x4096,
+# 9x1000 and 128x2048 take it with its column CTAs, which sum dgamma/dbeta
+# through shared memory.
 SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097),
-          (203, 136), (1, 2048)]
+          (203, 136), (1, 2048), (128, 2048)]
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma

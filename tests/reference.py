@@ -135,10 +135,14 @@ def decode_bounds():
 
 def bwd_decode_bounds():
     """(rows, packs of 16 bytes) on both sides of the GPU backward's
-    decode-time bounds (bwd_decode): 64 rows; rows of 2048 packs; one pack a
+    decode-time bounds (bwd_decode): 128 rows; rows of 2048 packs; one pack a
     thread up to 512 packs, two above; one row (dgamma/dbeta written by the
-    dx kernel itself) and a row of one pack (one warp, 31 threads idle)."""
-    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (64, 512), (65, 512), (64, 2048)]
+    dx kernel itself) and a row of one pack (one warp, 31 threads idle). At
+    more than one row further CTAs of the launch sum dgamma/dbeta by columns,
+    in CTAs of as many threads as the rows' (a warp at two rows of one pack;
+    37 rows over 16 rows of threads, 100 packs over tiles of 8)."""
+    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 512),
+            (128, 2048)]
 
 
 def decode_hidden(packs, dtype):

@@ -6,7 +6,8 @@
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
 //   dx  += dh  (fused residual add: the gradient of h = x + residual)
 //
-// Kernels: bwd_decode (a few rows: one row a CTA, nothing persistent),
+// Kernels: bwd_decode (a few rows: one row a CTA, nothing persistent, and
+// dgamma/dbeta summed by columns in further CTAs of the same launch),
 // bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
 // sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
 // CTA or a thread block cluster that walks its rows, each CTA bulk-copying its
@@ -19,9 +20,9 @@
 // own row of the float32 workspace (bwd_slices with one CTA per SM: the CTAs
 // of a cluster fold theirs into one row first); bwd_reduce then adds the rows
 // column by column in a fixed order. The result is bitwise reproducible run to run.
-// Groups of few rows get no workspace: bwd_columns, launched after the dx
-// kernel, sums dgamma/dbeta column by column from x and dy, also in a fixed
-// order.
+// Groups of few rows outside bwd_decode get no workspace: bwd_columns,
+// launched after the dx kernel, sums dgamma/dbeta column by column from x
+// and dy, also in a fixed order.
 //
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
@@ -212,6 +213,68 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
   }
 }
 
+// dgamma/dbeta of bwd_decode's launch, in its CTAs after the rows' (one
+// column tile each): a CTA of `threads` is decode_col_splits(threads) rows of
+// threads by threads / splits packs of columns. Each row of threads takes
+// every splits-th row, kDecodeColUnroll rows' loads in flight, and the rows of
+// threads' sums are added in order through shared memory: a fixed order, so
+// the result is the same run to run.
+constexpr int kDecodeColUnroll = 2;
+__host__ __device__ constexpr int decode_col_splits(int threads) { return threads >= 256 ? 32 : threads / 8; }
+
+template <NormKind K, class T, class P, int VEC>
+__device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
+  __shared__ float part[kDecodeMaxThreads * VEC];  // [split][lane * VEC + j], one output at a time
+  const int threads = static_cast<int>(blockDim.x), S = decode_col_splits(threads), L = threads / S;
+  const int lane = static_cast<int>(threadIdx.x) % L, split = static_cast<int>(threadIdx.x) / L;
+  const int H = static_cast<int>(a.shape.hidden), rows = static_cast<int>(a.shape.rows);
+  const int col0 = tile * L * VEC, col = col0 + lane * VEC;
+  float dg[VEC] = {}, db[VEC] = {};
+  if (col < H) {
+    for (int r0 = split; r0 < rows; r0 += S * kDecodeColUnroll) {
+      Pack<T, VEC> px[kDecodeColUnroll], pd[kDecodeColUnroll];
+      float mean[kDecodeColUnroll], rstd[kDecodeColUnroll];
+#pragma unroll
+      for (int u = 0; u < kDecodeColUnroll; ++u) {
+        const int r = r0 + u * S;
+        rstd[u] = mean[u] = 0.f;
+        px[u] = pd[u] = Pack<T, VEC>{};
+        if (r < rows) {
+          px[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.x) + r * H + col);
+          pd[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.dy) + r * H + col);
+          rstd[u] = a.rstd[r];
+          if constexpr (K == NormKind::kLayer) mean[u] = a.mean[r];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeColUnroll; ++u) {
+        float xv[VEC], d[VEC];
+        unpack(px[u], xv);
+        unpack(pd[u], d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          dg[j] += d[j] * ((xv[j] - mean[u]) * rstd[u]);
+          if constexpr (K == NormKind::kLayer) db[j] += d[j];
+        }
+      }
+    }
+  }
+  for (int k = 0; k < a.param_outputs(); ++k) {
+    const bool beta = a.param_which(k) == 1;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) part[split * L * VEC + lane * VEC + j] = beta ? db[j] : dg[j];
+    __syncthreads();
+    for (int c = static_cast<int>(threadIdx.x); c < L * VEC; c += threads) {
+      if (col0 + c < H) {
+        float total = 0.f;
+        for (int sp = 0; sp < S; ++sp) total += part[sp * L * VEC + c];
+        static_cast<P*>(a.param_output(k))[col0 + c] = from_float<P>(total);
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // The backward at decode-time row counts (launch_bwd_decode: at most
 // kBwdDecodeMaxRows rows, one parameter group, no workspace): one row a CTA,
 // ITEMS packs a thread held raw; x, dy, the scales and the row's statistics
@@ -219,11 +282,17 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 // in fwd_decode. The persistent kernels' pipeline (bwd_slices' stages, the
 // slot's walk over rows) is start-up cost that a row or a few never repay.
 // DIRECT: the launch's only row, whose dy * xhat and dy are dgamma and dbeta,
-// written here; otherwise bwd_columns sums them beside this kernel
-// (param_sums), starting once every CTA here has passed its wait.
+// written here. Otherwise the CTAs after the rows' sum dgamma/dbeta by
+// columns (decode_columns), in the same launch: one kernel a step.
 template <NormKind K, class T, class P, int VEC, int ITEMS, bool DIRECT>
 __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   early_launch_wait();  // launched by launch_early: before any global memory access
+  if constexpr (!DIRECT) {
+    if (static_cast<int64_t>(blockIdx.x) >= a.shape.rows) {
+      decode_columns<K, T, P, VEC>(a, static_cast<int>(blockIdx.x - a.shape.rows));
+      return;
+    }
+  }
   using V = Pack<T, VEC>;
   __shared__ float smem[kRowSumSmem];
   const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
@@ -1234,11 +1303,17 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // 2.12 / 1.93 (3.55), 1x4096 3.75 -> 2.43 / 2.43 (3.83), 1x8192 4.31 ->
 // 3.22 / 3.50 (7.20), 1x16384 5.29 -> 4.87 (8.75), 16x4096 3.88 -> 3.49 /
 // 3.51, 64x4096 4.16 -> 4.07 / 4.11, 16x8192 4.43 -> 4.15 / 4.19, 64x8192
-// 5.09 -> 5.11 / 5.16. Not at 256 rows, where bwd_columns overlapped the
-// persistent kernels more than this one: RMSNorm 256x4096 5.12 -> 6.56,
-// LayerNorm 5.72 -> 8.15; 256x8192 7.94 -> 7.60 and 8.99 -> 9.36.
-// RESULTS.md 1zi.
-constexpr int64_t kBwdDecodeMaxRows = 64;
+// 5.09 -> 5.11 / 5.16. RESULTS.md 1zi. Its dgamma/dbeta in its own CTAs
+// after the rows' (decode_columns) instead of bwd_columns beside it, same
+// call (benchmarks/trial_bwd_cols.sh, RESULTS.md 1zj): RMSNorm 2x4096 3.05
+// -> 2.27 (2.89), 16x2048 3.05 -> 2.17 (3.29), 16x16384 4.29 -> 3.71 (5.61),
+// 64x4096 3.59 -> 2.69 (4.44), 64x16384 6.79 (1zi) -> 4.57 (5.29);
+// LayerNorm 16x2048 3.46 -> 2.17 (3.13), 64x8192 5.11 -> 3.25 (8.97). At
+// 128 rows (the persistent kernels + bwd_columns -> this): RMSNorm 128x2048
+// 3.97 -> 3.25, 128x4096 4.10 -> 3.80, 128x8192 4.78 -> 3.58; LayerNorm 4.55
+// -> 2.93, 4.73 -> 3.76, 5.43 -> 4.42. Not at 256: 256x4096 5.15 -> 5.55 and
+// 5.72 -> 6.78.
+constexpr int64_t kBwdDecodeMaxRows = 128;
 constexpr int64_t kBwdDecodeOneItemPacks = 512;
 constexpr int64_t kBwdDecodeMaxPacks = 2 * kDecodeMaxThreads;  // two packs a thread
 // bwd_decode indexes its rows in 32 bits (8: the elements of a 16-byte pack of 16-bit x).
@@ -1256,9 +1331,12 @@ ffi::Error launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec
   auto kernel = items == 1 ? (direct ? bwd_decode<K, T, P, VEC, 1, true> : bwd_decode<K, T, P, VEC, 1, false>)
                            : (direct ? bwd_decode<K, T, P, VEC, 2, true> : bwd_decode<K, T, P, VEC, 2, false>);
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
-  JRN_RETURN_IF_ERROR(
-      launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows)), dim3(threads), stream, "bwd_decode", a));
-  return direct ? ffi::Error::Success() : param_sums<K, T, P, VEC>(stream, a, SlotLayout{0, 0});
+  // The column tiles' CTAs (none where the row's CTA writes dgamma itself,
+  // or where neither dgamma nor dbeta is asked for).
+  const int64_t tiles =
+      direct || a.param_outputs() == 0 ? 0 : ceil_div(nvec, static_cast<int64_t>(threads / decode_col_splits(threads)));
+  return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows + tiles)), dim3(threads), stream, "bwd_decode",
+                      a);
 }
 
 template <NormKind K, class T, class P, int VEC>
