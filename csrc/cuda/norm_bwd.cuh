@@ -1312,7 +1312,12 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // 128 rows (the persistent kernels + bwd_columns -> this): RMSNorm 128x2048
 // 3.97 -> 3.25, 128x4096 4.10 -> 3.80, 128x8192 4.78 -> 3.58; LayerNorm 4.55
 // -> 2.93, 4.73 -> 3.76, 5.43 -> 4.42. Not at 256: 256x4096 5.15 -> 5.55 and
-// 5.72 -> 6.78.
+// 5.72 -> 6.78. At 65-128 rows of more than kDecodeMaxThreads packs (CTAs
+// of 1024 threads, one an SM at 64 registers) the rows' and tiles' CTAs take
+// two waves, and this is still ahead of the persistent kernels (RESULTS.md
+// 1zj, the second A/B): RMSNorm 96x16384 8.13 -> 6.72 (XLA 5.60-5.98),
+// 128x16384 8.65 -> 7.07 (6.48-6.58); LayerNorm 10.13 -> 8.32 (13.35-14.45),
+// 10.47 -> 8.66 (15.32-15.36).
 constexpr int64_t kBwdDecodeMaxRows = 128;
 constexpr int64_t kBwdDecodeOneItemPacks = 512;
 constexpr int64_t kBwdDecodeMaxPacks = 2 * kDecodeMaxThreads;  // two packs a thread
