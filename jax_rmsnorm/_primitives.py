@@ -506,8 +506,9 @@ norm_bwd_p.multiple_results = True
 _SLOT_FLOATS = 1 << 24
 _MAX_SLOTS = 4096
 # Groups of at most _COLUMN_ROWS rows and _COLUMN_ELEMS elements get no
-# slots: a second kernel (bwd_columns) sums dgamma/dbeta straight from x and
-# dy, which the dx kernel reads too, so that L2 (8 MB each at 512 x 8192 in
+# slots: dgamma/dbeta are summed straight from x and dy (by bwd_decode's
+# column CTAs at up to 128 rows of whole packs, else by a second kernel,
+# bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at 512 x 8192 in
 # bf16) serves one of the two reads (on compute capability 9.0 and newer the
 # two kernels run side by side). Larger groups would read them from DRAM a
 # second time: 512 x 262144 RMSNorm backward took 640 us that way on an H100,
