@@ -213,6 +213,44 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
   }
 }
 
+// Adds dy * xhat (and dy, for LayerNorm) of one column's pack over rows
+// first, first + step, ... below `rows` of the group from row0 to dg (db),
+// U rows' raw packs in flight, widened one row at a time (fewer registers).
+// I: the index type (int where the caller's bounds keep 32 bits enough).
+template <NormKind K, class T, int VEC, int U, class I>
+__device__ __forceinline__ void add_column_sums(const BwdArgs& a, I row0, I rows, I first, I step, I col,
+                                                float (&dg)[VEC], float (&db)[VEC]) {
+  const I H = static_cast<I>(a.shape.hidden);
+  for (I r0 = first; r0 < rows; r0 += step * U) {
+    Pack<T, VEC> px[U], pd[U];
+    float mean[U], rstd[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const I r = r0 + u * step;
+      rstd[u] = mean[u] = 0.f;
+      px[u] = pd[u] = Pack<T, VEC>{};
+      if (r < rows) {
+        const I idx = (row0 + r) * H + col;
+        px[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.x) + idx);
+        pd[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.dy) + idx);
+        rstd[u] = a.rstd[row0 + r];
+        if constexpr (K == NormKind::kLayer) mean[u] = a.mean[row0 + r];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float xv[VEC], d[VEC];
+      unpack(px[u], xv);
+      unpack(pd[u], d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        dg[j] += d[j] * ((xv[j] - mean[u]) * rstd[u]);
+        if constexpr (K == NormKind::kLayer) db[j] += d[j];
+      }
+    }
+  }
+}
+
 // dgamma/dbeta of bwd_decode's launch, in its CTAs after the rows' (one
 // column tile each): a CTA of `threads` is decode_col_splits(threads) rows of
 // threads by threads / splits packs of columns. Each row of threads takes
@@ -230,35 +268,7 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
   const int H = static_cast<int>(a.shape.hidden), rows = static_cast<int>(a.shape.rows);
   const int col0 = tile * L * VEC, col = col0 + lane * VEC;
   float dg[VEC] = {}, db[VEC] = {};
-  if (col < H) {
-    for (int r0 = split; r0 < rows; r0 += S * kDecodeColUnroll) {
-      Pack<T, VEC> px[kDecodeColUnroll], pd[kDecodeColUnroll];
-      float mean[kDecodeColUnroll], rstd[kDecodeColUnroll];
-#pragma unroll
-      for (int u = 0; u < kDecodeColUnroll; ++u) {
-        const int r = r0 + u * S;
-        rstd[u] = mean[u] = 0.f;
-        px[u] = pd[u] = Pack<T, VEC>{};
-        if (r < rows) {
-          px[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.x) + r * H + col);
-          pd[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.dy) + r * H + col);
-          rstd[u] = a.rstd[r];
-          if constexpr (K == NormKind::kLayer) mean[u] = a.mean[r];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kDecodeColUnroll; ++u) {
-        float xv[VEC], d[VEC];
-        unpack(px[u], xv);
-        unpack(pd[u], d);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          dg[j] += d[j] * ((xv[j] - mean[u]) * rstd[u]);
-          if constexpr (K == NormKind::kLayer) db[j] += d[j];
-        }
-      }
-    }
-  }
+  if (col < H) add_column_sums<K, T, VEC, kDecodeColUnroll, int>(a, 0, rows, split, S, col, dg, db);
   for (int k = 0; k < a.param_outputs(); ++k) {
     const bool beta = a.param_which(k) == 1;
 #pragma unroll
@@ -1049,37 +1059,9 @@ __global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kCols;
   const int64_t col = col0 + threadIdx.x * VEC;
   float dg[VEC] = {}, db[VEC] = {};
-  if (col < H) {
-    for (int64_t r0 = threadIdx.y; r0 < rpg; r0 += kColSplit * kColUnroll) {
-      // Raw packs in flight, widened one row at a time (fewer registers).
-      Pack<T, VEC> px[kColUnroll], pd[kColUnroll];
-      float mean[kColUnroll], rstd[kColUnroll];
-#pragma unroll
-      for (int u = 0; u < kColUnroll; ++u) {
-        const int64_t r = r0 + u * kColSplit;
-        rstd[u] = mean[u] = 0.f;
-        px[u] = pd[u] = Pack<T, VEC>{};
-        if (r < rpg) {
-          const int64_t idx = (row0 + r) * H + col;
-          px[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.x) + idx);
-          pd[u] = *reinterpret_cast<const Pack<T, VEC>*>(static_cast<const T*>(a.dy) + idx);
-          rstd[u] = a.rstd[row0 + r];
-          if constexpr (K == NormKind::kLayer) mean[u] = a.mean[row0 + r];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kColUnroll; ++u) {
-        float xv[VEC], d[VEC];
-        unpack(px[u], xv);
-        unpack(pd[u], d);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          dg[j] += d[j] * ((xv[j] - mean[u]) * rstd[u]);
-          if constexpr (K == NormKind::kLayer) db[j] += d[j];
-        }
-      }
-    }
-  }
+  if (col < H)
+    add_column_sums<K, T, VEC, kColUnroll, int64_t>(a, row0, rpg, static_cast<int64_t>(threadIdx.y), kColSplit, col,
+                                                    dg, db);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     part[0][threadIdx.y][threadIdx.x * VEC + j] = dg[j];
