@@ -24,10 +24,11 @@ timed copy would be mostly host dispatch there. Each of our steps follows one
 of ours there, which our decode kernel's early launch shortens (RESULTS.md
 table 3); in a model a norm follows XLA's kernels, as chain_trace.py --mix has it.
 Each latency row also gives the host's dispatch of a call an op (ours / XLA's)
-and says "host-bound" where that reaches 80% of the time measured: the chained
-backward (50 dgamma outputs a call) was, on an H200, at 12-19 us an op for
-ours and XLA's alike against 2.5-7 us of GPU time (RESULTS.md 1zh), and
-chain_trace.py's GPU time is its measure there.
+and says "host-bound" where that reaches 80% of the time measured. The
+chained backward returns its dgammas stacked into one array: with one output
+buffer a step it was host-bound on an H200, at 12-19 us an op for ours and
+XLA's alike against 2.5-7 us of GPU time (RESULTS.md 1zh), and 3.3-8 us a
+step stacked (1zj). chain_trace.py's GPU time is the measure of the kernels.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def stream2_seconds(xs, ys, iters, reps):
     return bench(lambda x, y: x + y, list(zip(xs, ys)), iters, reps)
 
 
-def chained(fn, n, mode):
+def chained(fn, n, mode, stack=False):
     """fn applied n times back to back in one jit (unrolled, no loop overhead):
     the output feeds the next application through an optimization barrier, so
     that each application is compiled on its own, as a norm between a model's
@@ -142,7 +143,10 @@ def chained(fn, n, mode):
     16x4096 into one kernel (1 us a norm on an H100). `mode`: "fwd" (y is the
     next x), "bwd" (dx the next dy; dgamma is returned too, or XLA would drop
     its reduction as dead code) or "add" (the residual add: y is the next x
-    and h the next residual, as in a stack of residual blocks)."""
+    and h the next residual, as in a stack of residual blocks). `stack`: the
+    backward's dgammas returned as one array (one output buffer a call, and
+    one more small kernel) instead of one buffer a step, which set the host's
+    time a call (RESULTS.md 1zj)."""
     def run(*args):
         args, kept = list(args), []
         for _ in range(n):
@@ -155,7 +159,7 @@ def chained(fn, n, mode):
                     (out[0].astype(args[0].dtype), out[1].astype(args[1].dtype)))
             else:
                 args[0] = jax.lax.optimization_barrier(out.astype(args[0].dtype))
-        return tuple(args), kept
+        return tuple(args), (jnp.stack(kept) if stack and kept else kept)
 
     return jax.jit(run)
 
@@ -256,8 +260,8 @@ def main():
             if args.rows:  # latency mode: time --chain dependent applications per call
                 # One chain per call: with the rotated sets in one program, XLA
                 # ran the independent chains' jnp norms side by side.
-                calls = [_rotated(chained(ours, args.chain, mode), sets),
-                         _rotated(chained(xla, args.chain, mode), xla_sets)]
+                calls = [_rotated(chained(ours, args.chain, mode, stack=True), sets),
+                         _rotated(chained(xla, args.chain, mode, stack=True), xla_sets)]
                 t, tx = _median_seconds(calls, max(2, args.iters // 4), args.reps)
                 t, tx = t / args.chain, tx / args.chain
                 host, xla_host = (_dispatch_seconds(c, args.reps) / args.chain for c in calls)

@@ -1,12 +1,13 @@
 """Whether bench_norm.py's latency mode times the host or the GPU for the decode-time backward.
 
 For chains of `chain` (default 50) dependent backwards of bf16 rows of 4096 (1, 16 and 64 rows),
-ours and XLA's jnp vjp, built as bench_norm.py builds them: the time a call back to back (what the
+ours and XLA's jnp vjp, built with bench_norm.py's `chained`: the time a call back to back (what the
 latency mode divides by the chain) and the time for a call to return with the device idle (the
 host's dispatch), with bench_norm.py's own timers. Where dispatch is as long as back to back, the
-host sets the pace. Each chain is timed twice: as bench_norm.py builds it (a dgamma output buffer
-a step) and "stacked" (the dgammas returned as one array), for whether the buffers a call returns
-set the host's time (RESULTS.md 1zh).
+host sets the pace. Each chain is timed twice: with a dgamma output buffer a step (as
+chain_trace.py builds it) and "stacked" (the dgammas returned as one array, as bench_norm.py's
+latency mode has done since RESULTS.md 1zj, where this found that the buffers a call returns set
+the host's time).
 
     python benchmarks/dispatch_probe.py [chain]
 """
@@ -45,11 +46,9 @@ def main():
                 sets = [(dy, x, s[1], s[2]) for dy, x, s in zip(dys, xs, st)]
                 xla = jax.jit(lambda dy, x: jax.vjp(lambda x, gg, bb: jnp_layer(x, gg, bb), x, g, b)[1](dy))
             for name, fn, arg_sets in (("ours", ours, sets), ("xla", xla, list(zip(dys, xs)))):
-                chain_fn = chained(fn, chain, "bwd")
-                # The same chain with its dgammas returned as one array (one
-                # output buffer a call instead of one a step).
-                stacked_fn = jax.jit(lambda *a, c=chain_fn: (lambda o: (o[0], jnp.stack(o[1])))(c(*a)))
-                for form, c in (("", chain_fn), (" stacked", stacked_fn)):
+                # The chain with a dgamma output buffer a step, and with its
+                # dgammas returned as one array.
+                for form, c in (("", chained(fn, chain, "bwd")), (" stacked", chained(fn, chain, "bwd", stack=True))):
                     call = _rotated(c, arg_sets)
                     loop = _median_seconds([call], ITERS, REPS)[0]  # compiles and warms up first
                     dispatch = _dispatch_seconds(call, REPS)
