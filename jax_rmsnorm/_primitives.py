@@ -508,9 +508,9 @@ _MAX_SLOTS = 4096
 # Groups of at most _COLUMN_ROWS rows and _COLUMN_ELEMS elements get no
 # slots: dgamma/dbeta are summed straight from x and dy (by bwd_decode's
 # column CTAs at up to 128 rows of whole packs, else by a second kernel,
-# bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at 512 x 8192 in
-# bf16) serves one of the two reads (on compute capability 9.0 and newer the
-# two kernels run side by side). Larger groups would read them from DRAM a
+# bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at
+# 512 x 8192 in bf16) serves one of the two reads (the column CTAs and, on
+# compute capability 9.0 and newer, bwd_columns run beside the dx work). Larger groups would read them from DRAM a
 # second time: 512 x 262144 RMSNorm backward took 640 us that way on an H100,
 # against 458 with slots.
 _COLUMN_ROWS = 512
@@ -552,7 +552,7 @@ def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
     if param_outputs == 0 or hidden == 0:
         return 0
     if rows_per_group <= _COLUMN_ROWS and rows_per_group * hidden <= _COLUMN_ELEMS:
-        return 0  # bwd_columns
+        return 0  # summed from x and dy: bwd_decode's column CTAs or bwd_columns
     slots = max(1, min(_SLOT_FLOATS // (param_outputs * hidden), _MAX_SLOTS))
     return max(1, min(slots, rows_per_group))
 
