@@ -510,9 +510,9 @@ _MAX_SLOTS = 4096
 # column CTAs at up to 128 rows of whole packs, else by a second kernel,
 # bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at
 # 512 x 8192 in bf16) serves one of the two reads (the column CTAs and, on
-# compute capability 9.0 and newer, bwd_columns run beside the dx work). Larger groups would read them from DRAM a
-# second time: 512 x 262144 RMSNorm backward took 640 us that way on an H100,
-# against 458 with slots.
+# compute capability 9.0 and newer, bwd_columns run beside the dx work).
+# Larger groups would read them from DRAM a second time: 512 x 262144
+# RMSNorm backward took 640 us that way on an H100, against 458 with slots.
 _COLUMN_ROWS = 512
 _COLUMN_ELEMS = 512 * 8192
 
