@@ -135,14 +135,17 @@ def decode_bounds():
 
 def bwd_decode_bounds():
     """(rows, packs of 16 bytes) on both sides of the GPU backward's
-    decode-time bounds (bwd_decode): 128 rows; rows of 2048 packs; one pack a
-    thread up to 512 packs, two above; one row (dgamma/dbeta written by the
-    dx kernel itself) and a row of one pack (one warp, 31 threads idle). At
-    more than one row further CTAs of the launch sum dgamma/dbeta by columns,
-    in CTAs of as many threads as the rows' (a warp at two rows of one pack;
-    37 rows over 16 rows of threads, 100 packs over tiles of 8)."""
-    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 512),
-            (128, 2048)]
+    decode-time bounds (bwd_decode): 192 rows, 128 of at most 128 packs; rows
+    of 2048 packs; one pack a thread up to 512 packs, two above; one row
+    (dgamma/dbeta written by the dx kernel itself) and a row of one pack (one
+    warp, 31 threads idle). At more than one row further CTAs of the launch
+    sum dgamma/dbeta by columns, in CTAs of as many threads as the rows' (a
+    warp at two rows of one pack; 37 rows over 16 rows of threads, 100 packs
+    over tiles of 8; at 96 rows of 2048 packs 16 rows of threads where the
+    GPU has 128 SMs or more, else 32; at 192 rows of 2048, rows and tiles in
+    two waves)."""
+    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 128),
+            (129, 512), (128, 2048), (96, 2048), (192, 129), (193, 129), (192, 2048)]
 
 
 def decode_hidden(packs, dtype):

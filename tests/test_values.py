@@ -99,8 +99,8 @@ def test_forward_backward(kind, dtype, shape, platform):
 
 # On a GPU the plain forward of at most two rows per SM, rows of up to 2048
 # packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
-# pack more, takes the general one. So does the backward of at most 128 rows
-# (bwd_decode), which at one row writes dgamma/dbeta itself and at more sums
+# pack more, takes the general one. So does the backward of at most 192 rows
+# (128 of at most 128 packs: bwd_decode), which at one row writes dgamma/dbeta itself and at more sums
 # them in further CTAs of the same launch. Both sides of each bound
 # (decode_bounds, bwd_decode_bounds), every dtype and parameter variant.
 @pytest.mark.parametrize("rows, packs", decode_bounds() + bwd_decode_bounds(), ids=lambda v: str(v))
@@ -187,12 +187,12 @@ def test_chained_decode(kind, dtype, shape, residual, platform):
 # Decode-time backwards back to back in one program, each step's dy the dx
 # the step before wrote (every other step through XLA's |dx| first). On a GPU
 # these take bwd_decode, launched early: it waits for the step before, and
-# the next step must see the whole dx. At 16 and 128 rows dgamma/dbeta come
-# from the launch's column CTAs, beside the rows'; at one row the row's CTA
-# writes them itself.
+# the next step must see the whole dx. At 16, 96 and 128 rows dgamma/dbeta
+# come from the launch's column CTAs, beside the rows' (96x16384: 16 rows of
+# threads a column CTA); at one row the row's CTA writes them itself.
 # Each step is checked against the float64 reference applied to the previous
 # step's dx as the device returned it.
-@pytest.mark.parametrize("shape", [(16, 4096), (128, 8192), (1, 2048)])
+@pytest.mark.parametrize("shape", [(16, 4096), (128, 8192), (96, 16384), (1, 2048)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 def test_chained_backward(kind, dtype, shape, platform):

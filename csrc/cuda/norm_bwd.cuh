@@ -252,18 +252,17 @@ __device__ __forceinline__ void add_column_sums(const BwdArgs& a, I row0, I rows
 }
 
 // dgamma/dbeta of bwd_decode's launch, in its CTAs after the rows' (one
-// column tile each): a CTA of `threads` is decode_col_splits(threads) rows of
-// threads by threads / splits packs of columns. Each row of threads takes
-// every splits-th row, kDecodeColUnroll rows' loads in flight, and the rows of
-// threads' sums are added in order through shared memory: a fixed order, so
-// the result is the same run to run.
+// column tile each): a CTA of `threads` is S = a.slots rows of threads (the
+// host's choice, decode_col_splits) by threads / S packs of columns. Each row
+// of threads takes every S-th row, kDecodeColUnroll rows' loads in flight,
+// and the rows of threads' sums are added in order through shared memory: a
+// fixed order, so the result is the same run to run.
 constexpr int kDecodeColUnroll = 2;
-__host__ __device__ constexpr int decode_col_splits(int threads) { return threads >= 256 ? 32 : threads / 8; }
 
 template <NormKind K, class T, class P, int VEC>
 __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
   __shared__ float part[kDecodeMaxThreads * VEC];  // [split][lane * VEC + j], one output at a time
-  const int threads = static_cast<int>(blockDim.x), S = decode_col_splits(threads), L = threads / S;
+  const int threads = static_cast<int>(blockDim.x), S = static_cast<int>(a.slots), L = threads / S;
   const int lane = static_cast<int>(threadIdx.x) % L, split = static_cast<int>(threadIdx.x) / L;
   const int H = static_cast<int>(a.shape.hidden), rows = static_cast<int>(a.shape.rows);
   const int col0 = tile * L * VEC, col = col0 + lane * VEC;
@@ -1300,15 +1299,41 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // 1zj, the second A/B): RMSNorm 96x16384 8.13 -> 6.72 (XLA 5.60-5.98),
 // 128x16384 8.65 -> 7.07 (6.48-6.58); LayerNorm 10.13 -> 8.32 (13.35-14.45),
 // 10.47 -> 8.66 (15.32-15.36).
-constexpr int64_t kBwdDecodeMaxRows = 128;
+// Up to 192 rows (128 of at most kBwdDecodeNarrowPacks packs). At 192 rows,
+// against the persistent kernels + bwd_columns, same call (RESULTS.md 1zk):
+// RMSNorm 192x2048 4.62 -> 3.94 us a step, 192x4096 4.60 -> 4.44, 192x8192
+// 7.11 -> 4.27 (XLA 7.33), 192x16384 10.45 -> 8.37 (7.98); LayerNorm 5.20
+// -> 3.39, 5.23 -> 4.26, 8.57 -> 5.27, 12.57 -> 9.68; but RMSNorm 192x1024
+// 4.45 -> 5.00 (LayerNorm 4.95 -> 3.98). At 256 rows it lost at 1024 and
+// 4096 (RMSNorm 4.93 -> 6.13 and 5.16 -> 5.55, LayerNorm 5.76 -> 6.65).
+constexpr int64_t kBwdDecodeMaxRows = 192;
+constexpr int64_t kBwdDecodeNarrowPacks = 128;
+constexpr int64_t kBwdDecodeNarrowMaxRows = 128;
 constexpr int64_t kBwdDecodeOneItemPacks = 512;
 constexpr int64_t kBwdDecodeMaxPacks = 2 * kDecodeMaxThreads;  // two packs a thread
 // bwd_decode indexes its rows in 32 bits (8: the elements of a 16-byte pack of 16-bit x).
 static_assert(kBwdDecodeMaxRows * kBwdDecodeMaxPacks * 8 <= INT32_MAX, "bwd_decode: 32-bit indexing");
 
 inline bool bwd_decode_fits(const BwdArgs& a, int64_t nvec) {
-  return !a.workspace && !a.coef && a.shape.groups == 1 && a.shape.rows <= kBwdDecodeMaxRows &&
-         nvec <= kBwdDecodeMaxPacks;
+  const int64_t max_rows = nvec > kBwdDecodeNarrowPacks ? kBwdDecodeMaxRows : kBwdDecodeNarrowMaxRows;
+  return !a.workspace && !a.coef && a.shape.groups == 1 && a.shape.rows <= max_rows && nvec <= kBwdDecodeMaxPacks;
+}
+
+// The rows of threads (S) of bwd_decode's column CTAs of `threads` (so
+// threads / S packs a tile): a quarter of the threads below 256, else 32, or
+// 16 in CTAs of kDecodeMaxThreads (one an SM) where that many fewer tiles fit
+// beside the rows in one wave. Where both fit, 16 rows of threads were
+// faster: 64x16384 RMSNorm 4.56 -> 3.98 us a step, 96x16384 6.64 -> 5.04 (XLA
+// 5.90), LayerNorm 8.25 -> 5.82 (14.56); not at 128 rows, where the tiles
+// take a second wave either way: 7.16 -> 7.82 (32 tiles for 128 rows' SMs
+// that come free, not 64), and 8 rows of threads were slower at all three
+// (benchmarks/chain_trace.py, bf16, H200, RESULTS.md 1zk).
+inline int decode_col_splits(int threads, int64_t rows, int64_t nvec) {
+  if (threads < 256) return threads / 8;
+  if (threads == kDecodeMaxThreads &&
+      rows + ceil_div(nvec, static_cast<int64_t>(threads / 16)) <= device_attribute<cudaDevAttrMultiProcessorCount>())
+    return 16;
+  return 32;
 }
 
 template <NormKind K, class T, class P, int VEC>
@@ -1319,11 +1344,13 @@ ffi::Error launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec
                            : (direct ? bwd_decode<K, T, P, VEC, 2, true> : bwd_decode<K, T, P, VEC, 2, false>);
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
   // The column tiles' CTAs (none where the row's CTA writes dgamma itself,
-  // or where neither dgamma nor dbeta is asked for).
-  const int64_t tiles =
-      direct || a.param_outputs() == 0 ? 0 : ceil_div(nvec, static_cast<int64_t>(threads / decode_col_splits(threads)));
+  // or where neither dgamma nor dbeta is asked for); without a workspace
+  // `slots` carries their rows of threads.
+  BwdArgs b = a;
+  b.slots = decode_col_splits(threads, a.shape.rows, nvec);
+  const int64_t tiles = direct || a.param_outputs() == 0 ? 0 : ceil_div(nvec, threads / b.slots);
   return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows + tiles)), dim3(threads), stream, "bwd_decode",
-                      a);
+                      b);
 }
 
 template <NormKind K, class T, class P, int VEC>
