@@ -507,7 +507,7 @@ _SLOT_FLOATS = 1 << 24
 _MAX_SLOTS = 4096
 # Groups of at most _COLUMN_ROWS rows and _COLUMN_ELEMS elements get no
 # slots: dgamma/dbeta are summed straight from x and dy (by bwd_decode's
-# column CTAs at up to 128 rows of whole packs, else by a second kernel,
+# column CTAs at up to 192 rows of whole packs, else by a second kernel,
 # bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at
 # 512 x 8192 in bf16) serves one of the two reads (the column CTAs and, on
 # compute capability 9.0 and newer, bwd_columns run beside the dx work).

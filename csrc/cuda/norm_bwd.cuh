@@ -1294,18 +1294,20 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // 3.97 -> 3.25, 128x4096 4.10 -> 3.80, 128x8192 4.78 -> 3.58; LayerNorm 4.55
 // -> 2.93, 4.73 -> 3.76, 5.43 -> 4.42. Not at 256: 256x4096 5.15 -> 5.55 and
 // 5.72 -> 6.78. At 65-128 rows of more than kDecodeMaxThreads packs (CTAs
-// of 1024 threads, one an SM at 64 registers) the rows' and tiles' CTAs take
-// two waves, and this is still ahead of the persistent kernels (RESULTS.md
+// of 1024 threads, one an SM at 64 registers) the rows' and tiles' CTAs took
+// two waves, and this was still ahead of the persistent kernels (RESULTS.md
 // 1zj, the second A/B): RMSNorm 96x16384 8.13 -> 6.72 (XLA 5.60-5.98),
 // 128x16384 8.65 -> 7.07 (6.48-6.58); LayerNorm 10.13 -> 8.32 (13.35-14.45),
-// 10.47 -> 8.66 (15.32-15.36).
-// Up to 192 rows (128 of at most kBwdDecodeNarrowPacks packs). At 192 rows,
-// against the persistent kernels + bwd_columns, same call (RESULTS.md 1zk):
-// RMSNorm 192x2048 4.62 -> 3.94 us a step, 192x4096 4.60 -> 4.44, 192x8192
-// 7.11 -> 4.27 (XLA 7.33), 192x16384 10.45 -> 8.37 (7.98); LayerNorm 5.20
-// -> 3.39, 5.23 -> 4.26, 8.57 -> 5.27, 12.57 -> 9.68; but RMSNorm 192x1024
-// 4.45 -> 5.00 (LayerNorm 4.95 -> 3.98). At 256 rows it lost at 1024 and
-// 4096 (RMSNorm 4.93 -> 6.13 and 5.16 -> 5.55, LayerNorm 5.76 -> 6.65).
+// 10.47 -> 8.66 (15.32-15.36). Up to 100 rows there on 132 SMs the tiles
+// now fit beside the rows (decode_col_splits): 96x16384 4.90 (6.03).
+// Up to 192 rows (128 of at most kBwdDecodeNarrowPacks packs). Against the
+// persistent kernels + bwd_columns, same call (RESULTS.md 1zk): RMSNorm
+// 160x2048 4.40 -> 3.75 us a step, 192x2048 4.66 -> 3.96, 160x8192 6.79 ->
+// 4.06 (XLA 6.52), 192x8192 7.13 -> 4.27 (6.81), 192x16384 10.46 -> 8.52
+// (8.05); LayerNorm 192x2048 5.20 -> 3.51, 192x8192 8.54 -> 5.34. Not for
+// narrow rows: RMSNorm 192x1024 4.45 -> 5.00 (LayerNorm 4.95 -> 3.98), nor
+// at 256 rows, where it lost at 1024 and 4096 (RMSNorm 4.93 -> 6.13 and 5.16
+// -> 5.55, LayerNorm 5.76 -> 6.65).
 constexpr int64_t kBwdDecodeMaxRows = 192;
 constexpr int64_t kBwdDecodeNarrowPacks = 128;
 constexpr int64_t kBwdDecodeNarrowMaxRows = 128;
