@@ -197,7 +197,8 @@ struct BwdArgs {
   void* dbeta = nullptr;   // null: not wanted
   // CUDA only: float32 partial sums of dgamma/dbeta, `slots` rows per group of
   // `param_outputs * hidden` floats, reduced in a fixed order by a second pass.
-  // Null with dgamma/dbeta wanted: a column kernel sums them from x and dy.
+  // Null with dgamma/dbeta wanted: a column kernel sums them from x and dy
+  // (in bwd_decode, `slots` is then the rows of threads of its column CTAs).
   float* workspace = nullptr;
   int64_t slots = 0;
   bool zero_centered = false;
