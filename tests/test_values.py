@@ -100,9 +100,10 @@ def test_forward_backward(kind, dtype, shape, platform):
 # On a GPU the plain forward of at most two rows per SM, rows of up to 2048
 # packs of 16 bytes, takes its own kernel (fwd_decode); one row more, or one
 # pack more, takes the general one. So does the backward of at most 192 rows
-# (128 of at most 128 packs: bwd_decode), which at one row writes dgamma/dbeta itself and at more sums
-# them in further CTAs of the same launch. Both sides of each bound
-# (decode_bounds, bwd_decode_bounds), every dtype and parameter variant.
+# (128 of at most 128 packs: bwd_decode), which at one row writes
+# dgamma/dbeta itself and at more sums them in further CTAs of the same
+# launch. Both sides of each bound (decode_bounds, bwd_decode_bounds), every
+# dtype and parameter variant.
 @pytest.mark.parametrize("rows, packs", decode_bounds() + bwd_decode_bounds(), ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
