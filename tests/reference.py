@@ -141,11 +141,14 @@ def bwd_decode_bounds():
     warp, 31 threads idle). At more than one row further CTAs of the launch
     sum dgamma/dbeta by columns, in CTAs of as many threads as the rows' (a
     warp at two rows of one pack; 37 rows over 16 rows of threads, 100 packs
-    over tiles of 8; at 96 rows of 2048 packs 16 rows of threads where the
-    GPU has 128 SMs or more, else 32; at 192 rows of 2048, rows and tiles in
-    two waves)."""
+    over tiles of 8). Rows of more than 1024 packs, on a GPU of 132 SMs: CTAs
+    of 1024 threads with tiles of 16 rows of threads up to 100 rows of 2048
+    packs (up to 115 of 1025), then four packs a thread in CTAs of 512 with
+    tiles of 32 rows of threads up to 136 rows, of 16 above (120x1025: a
+    thread's third pack only in the first thread, its fourth in none)."""
     return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 128),
-            (129, 512), (128, 2048), (96, 2048), (192, 129), (193, 129), (192, 2048)]
+            (129, 512), (128, 2048), (96, 2048), (100, 2048), (101, 2048), (136, 2048), (137, 2048), (120, 1025),
+            (192, 129), (193, 129), (192, 2048)]
 
 
 def decode_hidden(packs, dtype):

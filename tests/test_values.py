@@ -190,10 +190,11 @@ def test_chained_decode(kind, dtype, shape, residual, platform):
 # these take bwd_decode, launched early: it waits for the step before, and
 # the next step must see the whole dx. At 16, 96 and 128 rows dgamma/dbeta
 # come from the launch's column CTAs, beside the rows' (96x16384: 16 rows of
-# threads a column CTA); at one row the row's CTA writes them itself.
+# threads a column CTA; 128x16384: CTAs of 512 threads, four packs a thread);
+# at one row the row's CTA writes them itself.
 # Each step is checked against the float64 reference applied to the previous
 # step's dx as the device returned it.
-@pytest.mark.parametrize("shape", [(16, 4096), (128, 8192), (96, 16384), (1, 2048)])
+@pytest.mark.parametrize("shape", [(16, 4096), (128, 8192), (96, 16384), (128, 16384), (1, 2048)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("kind", KINDS)
 def test_chained_backward(kind, dtype, shape, platform):

@@ -253,7 +253,7 @@ __device__ __forceinline__ void add_column_sums(const BwdArgs& a, I row0, I rows
 
 // dgamma/dbeta of bwd_decode's launch, in its CTAs after the rows' (one
 // column tile each): a CTA of `threads` is S = a.slots rows of threads (the
-// host's choice, decode_col_splits) by threads / S packs of columns. Each row
+// host's choice, decode_launch) by threads / S packs of columns. Each row
 // of threads takes every S-th row, kDecodeColUnroll rows' loads in flight,
 // and the rows of threads' sums are added in order through shared memory: a
 // fixed order, so the result is the same run to run.
@@ -310,8 +310,11 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   const V* dy = reinterpret_cast<const V*>(static_cast<const T*>(a.dy) + row * H);
   const P* gamma = static_cast<const P*>(a.gamma);
   auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
+  // At four packs a thread x and dy take 32 of the 64 registers: the scales
+  // are not held but loaded again (from L1) for dx.
+  constexpr bool kHoldScales = ITEMS <= 2;
   V xv[ITEMS], dv[ITEMS];
-  float s[ITEMS][VEC];
+  float s[kHoldScales ? ITEMS : 1][VEC];
   bool in[ITEMS];
   const float rstd = a.rstd[row];
   const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
@@ -321,17 +324,18 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
     if (in[i]) {
       xv[i] = x[pack(i)];
       dv[i] = dy[pack(i)];
-      load_scale<VEC>(gamma, pack(i) * VEC, a.zero_centered, s[i]);
+      if constexpr (kHoldScales) load_scale<VEC>(gamma, pack(i) * VEC, a.zero_centered, s[i]);
     }
   }
   float acc[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (in[i]) {
-      float xf[VEC], d[VEC];
+      float xf[VEC], d[VEC], si[VEC];
+      if constexpr (!kHoldScales) load_scale<VEC>(gamma, pack(i) * VEC, a.zero_centered, si);
       unpack(xv[i], xf);
       unpack(dv[i], d);
-      add_grad_sums_of<VEC>(acc, xf, d, s[i], mean);
+      add_grad_sums_of<VEC>(acc, xf, d, kHoldScales ? s[i] : si, mean);
     }
   }
   grad_sums_scaled(acc, rstd);
@@ -343,10 +347,11 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   for (int i = 0; i < ITEMS; ++i) {
     if (in[i]) {
       const int col = pack(i) * VEC;
-      float xf[VEC], d[VEC], out[VEC], dg[VEC] = {}, db[VEC] = {};
+      float xf[VEC], d[VEC], out[VEC], dg[VEC] = {}, db[VEC] = {}, si[VEC];
+      if constexpr (!kHoldScales) load_scale<VEC>(gamma, col, a.zero_centered, si);
       unpack(xv[i], xf);
       unpack(dv[i], d);
-      grad_dx<K, VEC>(out, dg, db, xf, d, s[i], mean, rstd, c1, c2);
+      grad_dx<K, VEC>(out, dg, db, xf, d, kHoldScales ? s[i] : si, mean, rstd, c1, c2);
       if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
       store_pack<VEC>(dx + col, out);
       if constexpr (DIRECT) {
@@ -1299,7 +1304,8 @@ ffi::Error param_sums(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
 // 1zj, the second A/B): RMSNorm 96x16384 8.13 -> 6.72 (XLA 5.60-5.98),
 // 128x16384 8.65 -> 7.07 (6.48-6.58); LayerNorm 10.13 -> 8.32 (13.35-14.45),
 // 10.47 -> 8.66 (15.32-15.36). Up to 100 rows there on 132 SMs the tiles
-// now fit beside the rows (decode_col_splits): 96x16384 4.90 (6.03).
+// now fit beside the rows, and from 101 rows CTAs of 512 threads take the
+// rows (decode_launch): 96x16384 4.90 (6.03), 128x16384 5.75 (6.61).
 // Up to 192 rows (128 of at most kBwdDecodeNarrowPacks packs). Against the
 // persistent kernels + bwd_columns, same call (RESULTS.md 1zk): RMSNorm
 // 160x2048 4.40 -> 3.75 us a step, 192x2048 4.66 -> 3.96, 160x8192 6.79 ->
@@ -1321,38 +1327,65 @@ inline bool bwd_decode_fits(const BwdArgs& a, int64_t nvec) {
   return !a.workspace && !a.coef && a.shape.groups == 1 && a.shape.rows <= max_rows && nvec <= kBwdDecodeMaxPacks;
 }
 
-// The rows of threads (S) of bwd_decode's column CTAs of `threads` (so
-// threads / S packs a tile): a quarter of the threads below 256, else 32, or
-// 16 in CTAs of kDecodeMaxThreads (one an SM) where that many fewer tiles fit
-// beside the rows in one wave. Where both fit, 16 rows of threads were
-// faster: 64x16384 RMSNorm 4.56 -> 3.98 us a step, 96x16384 6.64 -> 5.04 (XLA
-// 5.90), LayerNorm 8.25 -> 5.82 (14.56); not at 128 rows, where the tiles
-// take a second wave either way: 7.16 -> 7.82 (32 tiles for 128 rows' SMs
-// that come free, not 64), and 8 rows of threads were slower at all three
-// (benchmarks/chain_trace.py, bf16, H200, RESULTS.md 1zk).
-inline int decode_col_splits(int threads, int64_t rows, int64_t nvec) {
-  if (threads < 256) return threads / 8;
-  if (threads == kDecodeMaxThreads &&
-      rows + ceil_div(nvec, static_cast<int64_t>(threads / 16)) <= device_attribute<cudaDevAttrMultiProcessorCount>())
-    return 16;
-  return 32;
+// bwd_decode's launch: packs a thread, the CTA's threads, and the column
+// CTAs' rows of threads (S, so threads / S packs a tile) and count.
+struct DecodeLaunch {
+  int items, threads, splits;
+  int64_t tiles;
+};
+
+// CTAs of 512 threads an SM at bwd_decode's 64 registers (kDecodeMaxThreads'
+// bound): two.
+constexpr int64_t kDecodeHalfCtasPerSm = 2;
+
+// One pack a thread up to kBwdDecodeOneItemPacks, two up to kDecodeMaxThreads
+// packs (CTAs of at most 512 threads; tiles of 32 rows of threads, a quarter
+// of the threads below 256). Wider rows take CTAs of kDecodeMaxThreads, one
+// an SM, with tiles of 16 rows of threads where rows and tiles fit in one
+// wave; else four packs a thread in CTAs of 512, two an SM, with tiles of 32
+// rows of threads where those fit in one wave, else of 16. In chains of
+// bf16 backwards in XLA's CUDA graphs on an H200 (benchmarks/chain_trace.py,
+// us a step, RESULTS.md 1zk and 1zl):
+//   - S=16 against 32 in CTAs of 1024 where both fit: 64x16384 RMSNorm 4.56
+//     -> 3.98, 96x16384 6.64 -> 5.04 (XLA 5.90), LayerNorm 8.25 -> 5.82.
+//   - Where 1024-thread CTAs took two waves, four packs a thread in CTAs of
+//     512 (S=32 / S=16): RMSNorm 112x16384 7.05 -> 5.64 / 5.85 (XLA 5.87),
+//     128x16384 7.11 -> 5.75 / 5.96 (6.61), 160x16384 7.79 -> 7.69 / 7.01
+//     (7.73), 192x16384 8.54 -> 8.07 / 7.27 (8.02); LayerNorm 112x16384 8.53
+//     -> 6.22 / 6.82, 192x16384 9.69 -> 10.39 / 8.25. Not where CTAs of 1024
+//     fit: 96x16384 5.03 -> 5.55 / 5.72.
+inline DecodeLaunch decode_launch(int64_t rows, int64_t nvec, bool tiles_wanted) {
+  auto make = [&](int items, int splits) {
+    const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
+    const int s = threads < 256 ? threads / 8 : splits;
+    return DecodeLaunch{items, threads, s, tiles_wanted ? ceil_div(nvec, static_cast<int64_t>(threads / s)) : 0};
+  };
+  if (nvec <= kBwdDecodeOneItemPacks) return make(1, 32);
+  if (nvec <= kDecodeMaxThreads) return make(2, 32);
+  const int64_t sms = device_attribute<cudaDevAttrMultiProcessorCount>();
+  if (const DecodeLaunch l = make(2, 16); rows + l.tiles <= sms) return l;
+  if (const DecodeLaunch l = make(4, 32); rows + l.tiles <= kDecodeHalfCtasPerSm * sms) return l;
+  return make(4, 16);
+}
+
+template <NormKind K, class T, class P, int VEC, int ITEMS>
+auto bwd_decode_kernel(bool direct) {
+  return direct ? bwd_decode<K, T, P, VEC, ITEMS, true> : bwd_decode<K, T, P, VEC, ITEMS, false>;
 }
 
 template <NormKind K, class T, class P, int VEC>
 ffi::Error launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec) {
   const bool direct = a.shape.rows == 1 && a.param_outputs() > 0;
-  const int items = nvec <= kBwdDecodeOneItemPacks ? 1 : 2;
-  auto kernel = items == 1 ? (direct ? bwd_decode<K, T, P, VEC, 1, true> : bwd_decode<K, T, P, VEC, 1, false>)
-                           : (direct ? bwd_decode<K, T, P, VEC, 2, true> : bwd_decode<K, T, P, VEC, 2, false>);
-  const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
-  // The column tiles' CTAs (none where the row's CTA writes dgamma itself,
-  // or where neither dgamma nor dbeta is asked for); without a workspace
-  // `slots` carries their rows of threads.
+  // Column tiles: none where the row's CTA writes dgamma itself, or where
+  // neither dgamma nor dbeta is asked for.
+  const DecodeLaunch l = decode_launch(a.shape.rows, nvec, !direct && a.param_outputs() > 0);
+  auto kernel = l.items == 1   ? bwd_decode_kernel<K, T, P, VEC, 1>(direct)
+                : l.items == 2 ? bwd_decode_kernel<K, T, P, VEC, 2>(direct)
+                               : bwd_decode_kernel<K, T, P, VEC, 4>(direct);
   BwdArgs b = a;
-  b.slots = decode_col_splits(threads, a.shape.rows, nvec);
-  const int64_t tiles = direct || a.param_outputs() == 0 ? 0 : ceil_div(nvec, threads / b.slots);
-  return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows + tiles)), dim3(threads), stream, "bwd_decode",
-                      b);
+  b.slots = l.splits;  // without a workspace `slots` carries the tiles' rows of threads
+  return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows + l.tiles)), dim3(l.threads), stream,
+                      "bwd_decode", b);
 }
 
 template <NormKind K, class T, class P, int VEC>
