@@ -145,10 +145,12 @@ def bwd_decode_bounds():
     of 1024 threads with tiles of 16 rows of threads up to 100 rows of 2048
     packs (up to 115 of 1025), then four packs a thread in CTAs of 512 with
     tiles of 32 rows of threads up to 136 rows, of 16 above (120x1025: a
-    thread's third pack only in the first thread, its fourth in none)."""
+    thread's third pack only in the first thread, its fourth in none). Up to
+    8 rows of at least 1024 packs: each row split across a cluster of 8 CTAs
+    (1025: the fifth CTA takes one pack, the last three none)."""
     return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 128),
             (129, 512), (128, 2048), (96, 2048), (100, 2048), (101, 2048), (136, 2048), (137, 2048), (120, 1025),
-            (192, 129), (193, 129), (192, 2048)]
+            (192, 129), (193, 129), (192, 2048), (1, 1023), (1, 1024), (2, 1025), (8, 2048), (9, 2048), (8, 1024)]
 
 
 def decode_hidden(packs, dtype):

@@ -1029,6 +1029,15 @@ __device__ __forceinline__ void cluster_done() {
   JRN_SM90(cooperative_groups::this_cluster().sync());
 }
 
+// The CTAs of this CTA's cluster (1 without clusters).
+__device__ __forceinline__ int cluster_ctas() {
+#ifdef JRN_NO_CLUSTERS
+  return 1;
+#else
+  return static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+#endif
+}
+
 // An attribute of the current device, asked once per device (-1 where it
 // cannot be read).
 template <cudaDeviceAttr A>
@@ -1157,21 +1166,34 @@ inline bool early_launch_enabled() {
 // 0.06-0.13 us. Between ours and XLA's kernels (--mix) it was 0.06-0.10 us
 // with or without the attribute: XLA did not start its kernel early after ours,
 // nor ours early after its own.
+// With `cluster` > 1 (a device with clusters, at most 8, dividing grid.x) the
+// launch also takes thread block clusters of that many CTAs along x.
 template <class... Params, class... Args>
-ffi::Error launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const char* name,
-                        Args&&... args) {
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+ffi::Error launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster,
+                                  cudaStream_t stream, const char* name, Args&&... args) {
+  cudaLaunchAttribute attr[2] = {};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = early_launch_enabled() ? 1 : 0;
+  if (early_launch_enabled()) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attr[cfg.numAttrs++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) return cuda_error(e, name);
   return check_launch(name);
+}
+
+template <class... Params, class... Args>
+ffi::Error launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const char* name,
+                        Args&&... args) {
+  return launch_early_clustered(kernel, grid, block, 1, stream, name, std::forward<Args>(args)...);
 }
 
 // How many clusters of `kernel` (launched as launch_clustered would) fit on

@@ -296,20 +296,26 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
 template <NormKind K, class T, class P, int VEC, int ITEMS, bool DIRECT>
 __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   early_launch_wait();  // launched by launch_early: before any global memory access
+  // A row is split across the `parts` CTAs of a cluster (1 without one):
+  // part `rank` takes its packs from rank * ITEMS * blockDim.x.
+  const int parts = cluster_ctas();
   if constexpr (!DIRECT) {
-    if (static_cast<int64_t>(blockIdx.x) >= a.shape.rows) {
-      decode_columns<K, T, P, VEC>(a, static_cast<int>(blockIdx.x - a.shape.rows));
+    if (static_cast<int64_t>(blockIdx.x) >= a.shape.rows * parts) {
+      decode_columns<K, T, P, VEC>(a, static_cast<int>(blockIdx.x - a.shape.rows * parts));
       return;
     }
   }
   using V = Pack<T, VEC>;
   __shared__ float smem[kRowSumSmem];
+  __shared__ float xchg[2][kGradSums<K>];
   const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
-  const int row = static_cast<int>(blockIdx.x);
+  // parts is a power of two (the launcher's).
+  const int row = static_cast<int>(blockIdx.x) >> (__ffs(parts) - 1), rank = static_cast<int>(blockIdx.x) & (parts - 1);
   const V* x = reinterpret_cast<const V*>(static_cast<const T*>(a.x) + row * H);
   const V* dy = reinterpret_cast<const V*>(static_cast<const T*>(a.dy) + row * H);
   const P* gamma = static_cast<const P*>(a.gamma);
-  auto pack = [&](int i) { return static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
+  const int first = rank * ITEMS * static_cast<int>(blockDim.x);
+  auto pack = [&](int i) { return first + static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x); };
   // At four packs a thread x and dy take 32 of the 64 registers: the scales
   // are not held but loaded again (from L1) for dx.
   constexpr bool kHoldScales = ITEMS <= 2;
@@ -340,6 +346,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   }
   grad_sums_scaled(acc, rstd);
   grad_row_sums<K, true>(acc, smem);
+  if (parts > 1) cluster_sum<kGradSums<K>>(reinterpret_cast<float(&)[kGradSums<K>]>(acc), xchg, 0);
   float c1, c2;
   row_coefs<K>(a, row, true, acc, &c1, &c2);
   T* dx = static_cast<T*>(a.dx) + row * H;
@@ -360,6 +367,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
       }
     }
   }
+  if (parts > 1) cluster_done();  // no CTA leaves while another reads its xchg
 }
 
 // One element of a row taken on its own by bwd_unaligned (a head or tail
@@ -1319,6 +1327,21 @@ constexpr int64_t kBwdDecodeNarrowPacks = 128;
 constexpr int64_t kBwdDecodeNarrowMaxRows = 128;
 constexpr int64_t kBwdDecodeOneItemPacks = 512;
 constexpr int64_t kBwdDecodeMaxPacks = 2 * kDecodeMaxThreads;  // two packs a thread
+// Rows of at least kBwdDecodePartsPacks packs, at most kBwdDecodePartsMaxRows
+// of them, are each split across a cluster of kBwdDecodeParts CTAs (one pack
+// a thread; the row's sums added over the cluster through distributed shared
+// memory): one CTA a row had a row's loads and stores, 96 KB of 16384-wide
+// bf16 rows, waiting on one SM. In XLA's CUDA graphs on an H200
+// (benchmarks/trial_decode_parts.sh, us a step, bf16, one CTA a row -> 2 /
+// 4 / 8 parts, XLA in brackets; RESULTS.md 1zm): RMSNorm 1x16384 4.19 ->
+// 3.84 / 3.30 / 2.84 (3.88), 2x16384 3.56 -> 3.70 / 3.36 / 2.93 (3.44),
+// 8x16384 3.67 -> 4.05 / 3.40 / 3.14 (4.42), 1x8192 2.88 -> 3.25 / 2.72 /
+// 2.57 (2.69), 2x8192 2.65 -> 3.20 / 2.69 / 2.62 (3.28); LayerNorm 1x16384
+// 5.18 -> 4.40 / 3.64 / 3.16 (7.77), 8x16384 4.13 -> 4.32 / 3.73 / 3.44
+// (11.05), 1x8192 3.39 -> 3.55 / 2.99 / 2.81 (6.31).
+constexpr int kBwdDecodeParts = 8;
+constexpr int64_t kBwdDecodePartsPacks = 1024;
+constexpr int64_t kBwdDecodePartsMaxRows = 8;
 // bwd_decode indexes its rows in 32 bits (8: the elements of a 16-byte pack of 16-bit x).
 static_assert(kBwdDecodeMaxRows * kBwdDecodeMaxPacks * 8 <= INT32_MAX, "bwd_decode: 32-bit indexing");
 
@@ -1332,6 +1355,7 @@ inline bool bwd_decode_fits(const BwdArgs& a, int64_t nvec) {
 struct DecodeLaunch {
   int items, threads, splits;
   int64_t tiles;
+  int parts = 1;  // CTAs (a cluster) a row
 };
 
 // CTAs of 512 threads an SM at bwd_decode's 64 registers (kDecodeMaxThreads'
@@ -1355,6 +1379,15 @@ constexpr int64_t kDecodeHalfCtasPerSm = 2;
 //     -> 6.22 / 6.82, 192x16384 9.69 -> 10.39 / 8.25. Not where CTAs of 1024
 //     fit: 96x16384 5.03 -> 5.55 / 5.72.
 inline DecodeLaunch decode_launch(int64_t rows, int64_t nvec, bool tiles_wanted) {
+  if (nvec >= kBwdDecodePartsPacks && rows <= kBwdDecodePartsMaxRows && has_clusters()) {
+    // A part of at most 256 packs: one pack a thread.
+    const int64_t parts = kBwdDecodeParts, per = ceil_div(nvec, parts);
+    const int threads = std::max(32, pow2_ceil(per));
+    const int splits = threads < 256 ? threads / 8 : 32;
+    const int64_t tiles = tiles_wanted ? ceil_div(nvec, static_cast<int64_t>(threads / splits)) : 0;
+    // The tiles' CTAs fill whole clusters after the rows'.
+    return DecodeLaunch{1, threads, splits, ceil_div(tiles, parts) * parts, kBwdDecodeParts};
+  }
   auto make = [&](int items, int splits) {
     const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
     const int s = threads < 256 ? threads / 8 : splits;
@@ -1384,8 +1417,8 @@ ffi::Error launch_bwd_decode(cudaStream_t stream, const BwdArgs& a, int64_t nvec
                                : bwd_decode_kernel<K, T, P, VEC, 4>(direct);
   BwdArgs b = a;
   b.slots = l.splits;  // without a workspace `slots` carries the tiles' rows of threads
-  return launch_early(kernel, dim3(static_cast<unsigned>(a.shape.rows + l.tiles)), dim3(l.threads), stream,
-                      "bwd_decode", b);
+  return launch_early_clustered(kernel, dim3(static_cast<unsigned>(a.shape.rows * l.parts + l.tiles)),
+                                dim3(l.threads), static_cast<unsigned>(l.parts), stream, "bwd_decode", b);
 }
 
 template <NormKind K, class T, class P, int VEC>
