@@ -6,7 +6,8 @@
 //   dgamma = sum_rows dy * xhat,  dbeta = sum_rows dy
 //   dx  += dh  (fused residual add: the gradient of h = x + residual)
 //
-// Kernels: bwd_decode (a few rows: one row a CTA, nothing persistent, and
+// Kernels: bwd_decode (a few rows: one row a CTA, or a cluster of CTAs for a
+// few wide rows, nothing persistent, and
 // dgamma/dbeta summed by columns in further CTAs of the same launch),
 // bwd_regs (rows of up to 64 packs, several rows per CTA, dgamma
 // sums in registers), bwd_slices (wider aligned rows on sm_90+: each slot is a
@@ -285,8 +286,10 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
 }
 
 // The backward at decode-time row counts (launch_bwd_decode: at most
-// kBwdDecodeMaxRows rows, one parameter group, no workspace): one row a CTA,
-// ITEMS packs a thread held raw; x, dy, the scales and the row's statistics
+// kBwdDecodeMaxRows rows, one parameter group, no workspace): one row a CTA
+// (up to kBwdDecodePartsMaxRows wide rows: a cluster of kBwdDecodeParts CTAs
+// a row, their sums added through distributed shared memory), ITEMS packs a
+// thread held raw; x, dy, the scales and the row's statistics
 // loaded at once after the early launch's wait, and one reduction a row, as
 // in fwd_decode. The persistent kernels' pipeline (bwd_slices' stages, the
 // slot's walk over rows) is start-up cost that a row or a few never repay.
@@ -295,7 +298,7 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
 // columns (decode_columns), in the same launch: one kernel a step.
 template <NormKind K, class T, class P, int VEC, int ITEMS, bool DIRECT>
 __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
-  early_launch_wait();  // launched by launch_early: before any global memory access
+  early_launch_wait();  // launched by launch_early_clustered: before any global memory access
   // A row is split across the `parts` CTAs of a cluster (1 without one):
   // part `rank` takes its packs from rank * ITEMS * blockDim.x.
   const int parts = cluster_ctas();
@@ -1362,7 +1365,9 @@ struct DecodeLaunch {
 // bound): two.
 constexpr int64_t kDecodeHalfCtasPerSm = 2;
 
-// One pack a thread up to kBwdDecodeOneItemPacks, two up to kDecodeMaxThreads
+// Up to kBwdDecodePartsMaxRows rows of at least kBwdDecodePartsPacks packs:
+// clusters of kBwdDecodeParts CTAs a row (see there), one pack a thread.
+// Otherwise one pack a thread up to kBwdDecodeOneItemPacks, two up to kDecodeMaxThreads
 // packs (CTAs of at most 512 threads; tiles of 32 rows of threads, a quarter
 // of the threads below 256). Wider rows take CTAs of kDecodeMaxThreads, one
 // an SM, with tiles of 16 rows of threads where rows and tiles fit in one
