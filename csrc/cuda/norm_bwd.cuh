@@ -1384,20 +1384,17 @@ constexpr int64_t kDecodeHalfCtasPerSm = 2;
 //     -> 6.22 / 6.82, 192x16384 9.69 -> 10.39 / 8.25. Not where CTAs of 1024
 //     fit: 96x16384 5.03 -> 5.55 / 5.72.
 inline DecodeLaunch decode_launch(int64_t rows, int64_t nvec, bool tiles_wanted) {
-  if (nvec >= kBwdDecodePartsPacks && rows <= kBwdDecodePartsMaxRows && has_clusters()) {
-    // A part of at most 256 packs: one pack a thread.
-    const int64_t parts = kBwdDecodeParts, per = ceil_div(nvec, parts);
-    const int threads = std::max(32, pow2_ceil(per));
-    const int splits = threads < 256 ? threads / 8 : 32;
-    const int64_t tiles = tiles_wanted ? ceil_div(nvec, static_cast<int64_t>(threads / splits)) : 0;
-    // The tiles' CTAs fill whole clusters after the rows'.
-    return DecodeLaunch{1, threads, splits, ceil_div(tiles, parts) * parts, kBwdDecodeParts};
-  }
-  auto make = [&](int items, int splits) {
-    const int threads = std::max(32, pow2_ceil(ceil_div(nvec, items)));
+  auto make = [&](int items, int splits, int parts = 1) {
+    const int threads = std::max(32, pow2_ceil(ceil_div(nvec, static_cast<int64_t>(items) * parts)));
     const int s = threads < 256 ? threads / 8 : splits;
-    return DecodeLaunch{items, threads, s, tiles_wanted ? ceil_div(nvec, static_cast<int64_t>(threads / s)) : 0};
+    const int64_t tiles = tiles_wanted ? ceil_div(nvec, static_cast<int64_t>(threads / s)) : 0;
+    // The tiles' CTAs fill whole clusters after the rows'.
+    return DecodeLaunch{items, threads, s, ceil_div(tiles, parts) * parts, parts};
   };
+  // A part of at most 256 packs: one pack a thread.
+  if (nvec >= kBwdDecodePartsPacks && rows <= kBwdDecodePartsMaxRows && has_clusters()) {
+    return make(1, 32, kBwdDecodeParts);
+  }
   if (nvec <= kBwdDecodeOneItemPacks) return make(1, 32);
   if (nvec <= kDecodeMaxThreads) return make(2, 32);
   const int64_t sms = device_attribute<cudaDevAttrMultiProcessorCount>();
