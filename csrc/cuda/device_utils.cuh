@@ -1056,24 +1056,29 @@ inline int device_attribute() {
 // 9.0 or newer).
 inline bool has_clusters() { return device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9; }
 
-// A launch configuration with thread block clusters of `cluster` CTAs along x.
+// A launch configuration with thread block clusters of `cluster` CTAs along
+// x and, with `early`, programmatic dependent launch (launch_early_clustered
+// below): the one place that builds the launch attributes.
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1] = {};
-  ClusterLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2] = {};
+  ClusterLaunch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster, bool early = false) {
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
+    if (early) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
     // A "cluster" of one CTA is a plain launch: with the cluster attribute the
     // occupancy query for clusters answered 8 CTAs per SM for bwd_slices with
     // 32-thread CTAs at hidden 1024 on an H100, where registers allow 16.
-    cfg.numAttrs = cluster > 1 ? 1 : 0;
+    if (cluster > 1) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attr[cfg.numAttrs++].val.clusterDim = {cluster, 1, 1};
+    }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points into attr
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -1171,21 +1176,8 @@ inline bool early_launch_enabled() {
 template <class... Params, class... Args>
 ffi::Error launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, unsigned cluster,
                                   cudaStream_t stream, const char* name, Args&&... args) {
-  cudaLaunchAttribute attr[2] = {};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  if (early_launch_enabled()) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs++].val.clusterDim = {cluster, 1, 1};
-  }
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  ClusterLaunch launch(grid, block, 0, stream, cluster, early_launch_enabled());
+  cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) return cuda_error(e, name);
   return check_launch(name);
 }

@@ -74,6 +74,25 @@ __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
   if (exchange) exchange->sum(sums, buf);  // a cluster of one: nothing to add
 }
 
+// The same, then, where `clustered`, the CTAs' sums added over the cluster by
+// cluster_sum (each CTA's pulled from its `xchg`, parity 0): for kernels of
+// one row a cluster that take these sums once (bwd_decode's split rows).
+template <NormKind K, bool WIDE = false>
+__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem, float (*xchg)[kGradSums<K>],
+                                              bool clustered) {
+  grad_row_sums<K, WIDE>(acc, smem);
+  if (clustered) cluster_sum<kGradSums<K>>(reinterpret_cast<float(&)[kGradSums<K>]>(acc), xchg, 0);
+}
+
+// p[0] + p[stride] + ... + p[(n - 1) * stride], added in that order: the
+// fixed order that makes the column sums' totals the same run to run.
+__device__ __forceinline__ float ordered_sum(const float* p, int n, int stride) {
+  float total = 0.f;
+#pragma unroll 8
+  for (int k = 0; k < n; ++k) total += p[k * stride];
+  return total;
+}
+
 // The row's (c1, c2) = (mean(gdy * xhat), mean(gdy); c2 = 0 for RMSNorm):
 // given in a.coef (grad_sums_per_row values a row, combined across the
 // devices that split the hidden dim) or from the row's own sums `acc`.
@@ -276,9 +295,7 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
     __syncthreads();
     for (int c = static_cast<int>(threadIdx.x); c < L * VEC; c += threads) {
       if (col0 + c < H) {
-        float total = 0.f;
-        for (int sp = 0; sp < S; ++sp) total += part[sp * L * VEC + c];
-        static_cast<P*>(a.param_output(k))[col0 + c] = from_float<P>(total);
+        static_cast<P*>(a.param_output(k))[col0 + c] = from_float<P>(ordered_sum(part + c, S, L * VEC));
       }
     }
     __syncthreads();
@@ -348,8 +365,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
     }
   }
   grad_sums_scaled(acc, rstd);
-  grad_row_sums<K, true>(acc, smem);
-  if (parts > 1) cluster_sum<kGradSums<K>>(reinterpret_cast<float(&)[kGradSums<K>]>(acc), xchg, 0);
+  grad_row_sums<K, true>(acc, smem, xchg, parts > 1);
   float c1, c2;
   row_coefs<K>(a, row, true, acc, &c1, &c2);
   T* dx = static_cast<T*>(a.dx) + row * H;
@@ -1086,10 +1102,7 @@ __global__ void __launch_bounds__(kColLanes* kColSplit) bwd_columns(BwdArgs a) {
   // One thread a column and output: the rows of threads in order.
   const int t = threadIdx.y * kColLanes + threadIdx.x, c = t % kCols, out = t / kCols;
   if (out < a.param_outputs() && col0 + c < H) {
-    const int which = a.param_which(out);
-    float total = 0.f;
-#pragma unroll 8
-    for (int k = 0; k < kColSplit; ++k) total += part[which][k][c];
+    const float total = ordered_sum(&part[a.param_which(out)][0][c], kColSplit, kCols);
     static_cast<P*>(a.param_output(out))[blockIdx.y * H + col0 + c] = from_float<P>(total);
   }
   // Launched early (param_sums), it ran beside the dx kernel; it ends only
