@@ -14,6 +14,8 @@ jax.vjp of the jnp function (it recomputes the statistics, as a model does).
 
     python benchmarks/bench_norm.py                       # bf16, the standard sizes
     python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384 --plot tbps.png
+    # the plot of several runs' printed tables (a later log's rows replace an earlier one's):
+    python benchmarks/bench_norm.py --replot run1.log run2.log --plot tbps.png
     # latency at decode-time rows, the residual add's y and h (against jnp's x + r, then the norm) too:
     python benchmarks/bench_norm.py --rows 1 16 64 256 --hidden 4096 8192 --ops rms_fwd ln_fwd add_rms add_ln
 
@@ -42,6 +44,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
+
+OPS = ["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd", "add_rms", "add_ln"]
 
 
 def jnp_rms(x, g, eps=1e-6):
@@ -170,6 +174,55 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def read_logs(paths):
+    """The rows that earlier runs of this script printed (op lines, and each
+    shape's copy and x + dy lines), one an op and shape; a later log's row
+    replaces an earlier one's, so that a run repeated for some shapes (one
+    disturbed, say) takes their place. For --replot."""
+    rows, streams = {}, {}
+    for path in paths:
+        for line in open(path):
+            f = line.split()
+            if len(f) >= 5 and f[0] == "copy":  # copy DTYPE MxH us TB/s (...)
+                streams[(f[2], "copy")] = float(f[4])
+            elif len(f) >= 7 and f[:3] == ["x", "+", "dy"]:  # x + dy DTYPE MxH us TB/s (...)
+                streams[(f[4], "sol")] = float(f[6])
+            elif len(f) >= 10 and f[0] in OPS and f[9].endswith("x"):  # op DTYPE MxH us TB/s % % xla-us xla-TB/s Nx
+                m, h = (int(v) for v in f[2].split("x"))
+                rows[(f[0], f[2])] = dict(op=f[0], dtype=f[1], m=m, h=h, us=float(f[3]), tbps=float(f[4]),
+                                          xla_us=float(f[7]), xla_tbps=float(f[8]), speedup=float(f[9][:-1]))
+    for (_, shape), r in rows.items():
+        r["copy_tbps"] = streams.get((shape, "copy"), float("nan"))
+        r["sol_tbps"] = streams.get((shape, "sol"), float("nan"))
+    return sorted(rows.values(), key=lambda r: (OPS.index(r["op"]), r["h"]))
+
+
+def plot(rows, ops, path):
+    """A PNG of TB/s against hidden size, one panel an op: ours, XLA's, the copy
+    (and XLA's x + dy for a backward), from rows as main() prints them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rs = [r for r in rows if r["op"] == op]
+        hs = [r["h"] for r in rs]
+        ax.plot(hs, [r["tbps"] for r in rs], "o-", label="jax_rmsnorm")
+        ax.plot(hs, [r["xla_tbps"] for r in rs], "s--", label="XLA (jnp)")
+        ax.plot(hs, [r["copy_tbps"] for r in rs], ":", color="gray", label="copy")
+        if op.endswith("bwd"):
+            ax.plot(hs, [r["sol_tbps"] for r in rs], "-.", color="gray", label="x + dy (2 reads, 1 write)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op} {rs[0]['dtype'] if rs else ''}")
+        ax.set_xlabel("hidden")
+        ax.set_ylabel("TB/s")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -181,14 +234,24 @@ def main():
                          "back to back, unrolled inside one jit, so dispatch overhead is amortized)")
     ap.add_argument("--chain", type=int, default=50, help="ops per call in latency mode")
     ap.add_argument("--ops", nargs="+", default=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd"],
-                    choices=["rms_fwd", "rms_bwd", "ln_fwd", "ln_bwd", "add_rms", "add_ln"],
+                    choices=OPS,
                     help="add_rms / add_ln: the residual add + norm (y and h), against XLA's jnp composition")
     ap.add_argument("--zero-centered", action="store_true")
     ap.add_argument("--sets", type=int, default=3, help="input sets rotated between calls")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--plot", default=None, help="write a PNG of TB/s against hidden size")
+    ap.add_argument("--replot", nargs="+", default=None, metavar="LOG",
+                    help="measure nothing: plot (--plot) the tables these earlier runs printed")
     args = ap.parse_args()
+    if args.replot:
+        if not args.plot:
+            ap.error("--replot needs --plot PATH")
+        rows = read_logs(args.replot)
+        if not rows:
+            ap.error(f"no table rows in {' '.join(args.replot)}")
+        plot(rows, [op for op in args.ops if any(r["op"] == op for r in rows)], args.plot)
+        return
 
     dt = jnp.dtype(args.dtype)
     pdt = jnp.dtype(args.param_dtype or args.dtype)
@@ -302,27 +365,7 @@ def main():
               f"{r['pct_copy']:.0f}% | {r['pct_sol']:.0f}% | {r['xla_us']:.1f} | {r['xla_tbps']:.2f} | {r['speedup']:.2f}x |")
 
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(args.ops), figsize=(4.5 * len(args.ops), 4), squeeze=False)
-        for ax, op in zip(axes[0], args.ops):
-            rs = [r for r in rows_out if r["op"] == op]
-            hs = [r["h"] for r in rs]
-            ax.plot(hs, [r["tbps"] for r in rs], "o-", label="jax_rmsnorm")
-            ax.plot(hs, [r["xla_tbps"] for r in rs], "s--", label="XLA (jnp)")
-            ax.plot(hs, [r["copy_tbps"] for r in rs], ":", color="gray", label="copy")
-            if op.endswith("bwd"):
-                ax.plot(hs, [r["sol_tbps"] for r in rs], "-.", color="gray", label="x + dy (2 reads, 1 write)")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{op} {dt.name}")
-            ax.set_xlabel("hidden")
-            ax.set_ylabel("TB/s")
-            ax.set_ylim(bottom=0)
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
+        plot(rows_out, args.ops, args.plot)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,47 @@ def test_bench_norm_runs(mode):
                            for line in out.splitlines()), out[-2000:]
 
 
+def test_bench_norm_read_logs(tmp_path):
+    """--replot reads the tables that earlier runs printed: a later log's row
+    of an op and shape replaces an earlier one's, with that log's copy and
+    x + dy figures; the other rows stay."""
+    script = BENCH.parent / "bench_norm.py"
+    common = ("--iters", "2", "--reps", "2", "--elements", "4096", "--ops", "rms_fwd", "ln_bwd")
+    first, second = tmp_path / "a.log", tmp_path / "b.log"
+    first.write_text(run_script(script, "--hidden", "256", "512", *common))
+    second.write_text(run_script(script, "--hidden", "512", *common))
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench_norm
+    finally:
+        sys.path.pop(0)
+    rows = bench_norm.read_logs([first, second])
+    assert [(r["op"], r["m"], r["h"]) for r in rows] == [
+        ("rms_fwd", 16, 256), ("rms_fwd", 8, 512), ("ln_bwd", 16, 256), ("ln_bwd", 8, 512)], rows
+
+    def printed(log, op, shape):  # the op line's us, and the shape's copy TB/s, as the log has them
+        lines = log.read_text().splitlines()
+        us = next(float(l.split()[3]) for l in lines if l.split()[:1] == [op] and l.split()[2] == shape)
+        copy = next(float(l.split()[4]) for l in lines if l.startswith("copy") and l.split()[2] == shape)
+        return us, copy
+
+    for r in rows:
+        shape = f"{r['m']}x{r['h']}"
+        want = printed(second if r["h"] == 512 else first, r["op"], shape)
+        assert (r["us"], r["copy_tbps"]) == want, (r, want)
+        assert r["sol_tbps"] == r["sol_tbps"] and r["xla_us"] > 0, r  # the x + dy line was read (not NaN)
+
+
+def test_bench_norm_replot_png(tmp_path):
+    """--replot --plot writes the PNG of the tables read, measuring nothing."""
+    pytest.importorskip("matplotlib")
+    script = BENCH.parent / "bench_norm.py"
+    log, png = tmp_path / "a.log", tmp_path / "t.png"
+    log.write_text(run_script(script, "--hidden", "256", "--iters", "2", "--reps", "2", "--elements", "4096"))
+    out = run_script(script, "--replot", str(log), "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "device:" not in out, out
+
+
 def test_profile_ops_runs():
     """profile_ops.py (what Nsight Compute attaches to) runs every op it
     names, ours and XLA's compositions, at two shapes in one process."""
