@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# Usage: bash benchmarks/device_run.sh [tests|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -40,6 +40,11 @@ for step in "$@"; do
         grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|inst_executed|warps_launched|grid_size|block_size" \
           "$OUT/ncu_decode_${r}x$hd.txt" | head -80
       done ;;
+    ncu-wide)  # the kernels of the widest rows, forward and backward: CTAs, clusters, registers, occupancy
+      # (RESULTS.md 1zn). Run after another GPU step: twice there the first process on the GPU
+      # failed under ncu at start-up ("no supported devices found for platform CUDA").
+      KERNELS=fwd_slices COUNT=1 bash benchmarks/ncu_run.sh 512 262144 rms_fwd ln_fwd
+      KERNELS=bwd_ COUNT=2 bash benchmarks/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
     bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f-1l)
       { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd

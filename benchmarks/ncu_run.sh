@@ -20,6 +20,6 @@ for op in "$@"; do
     python3 benchmarks/profile_ops.py "$op" --rows "$rows" --hidden "$hidden" --calls 2 ${EXTRA:-} \
     > "$report" 2>&1
   echo "$op${TAG:+ ($TAG)}: exit $?"
-  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit Rate|L2 Hit Rate|Shared Memory Configuration Size|Mem Busy|Max Bandwidth|L1/TEX Cache Throughput" \
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Cluster Size|Dynamic Shared Memory Per Block|Executed Instructions  |Issue Slots Busy|No Eligible|Warp Cycles Per Issued|L1/TEX Hit Rate|L2 Hit Rate|Shared Memory Configuration Size|Mem Busy|Max Bandwidth|L1/TEX Cache Throughput" \
     "$report" | head -60
 done
