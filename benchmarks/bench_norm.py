@@ -175,26 +175,28 @@ def rel_err(a, b):
 
 
 def read_logs(paths):
-    """The rows that earlier runs of this script printed (op lines, and each
-    shape's copy and x + dy lines), one an op and shape; a later log's row
-    replaces an earlier one's, so that a run repeated for some shapes (one
-    disturbed, say) takes their place. For --replot."""
-    rows, streams = {}, {}
+    """The rows that earlier runs of this script printed, one an op, dtype and
+    shape, each with its own log's copy and x + dy figures for that shape; a
+    later log's row replaces an earlier one's, so that a run repeated for some
+    shapes (one disturbed, say) takes their place. For --replot."""
+    rows = {}
     for path in paths:
+        ops, streams = {}, {}
         for line in open(path):
             f = line.split()
             if len(f) >= 5 and f[0] == "copy":  # copy DTYPE MxH us TB/s (...)
-                streams[(f[2], "copy")] = float(f[4])
+                streams[(f[1], f[2], "copy")] = float(f[4])
             elif len(f) >= 7 and f[:3] == ["x", "+", "dy"]:  # x + dy DTYPE MxH us TB/s (...)
-                streams[(f[4], "sol")] = float(f[6])
+                streams[(f[3], f[4], "sol")] = float(f[6])
             elif len(f) >= 10 and f[0] in OPS and f[9].endswith("x"):  # op DTYPE MxH us TB/s % % xla-us xla-TB/s Nx
                 m, h = (int(v) for v in f[2].split("x"))
-                rows[(f[0], f[2])] = dict(op=f[0], dtype=f[1], m=m, h=h, us=float(f[3]), tbps=float(f[4]),
-                                          xla_us=float(f[7]), xla_tbps=float(f[8]), speedup=float(f[9][:-1]))
-    for (_, shape), r in rows.items():
-        r["copy_tbps"] = streams.get((shape, "copy"), float("nan"))
-        r["sol_tbps"] = streams.get((shape, "sol"), float("nan"))
-    return sorted(rows.values(), key=lambda r: (OPS.index(r["op"]), r["h"]))
+                ops[(f[0], f[1], f[2])] = dict(op=f[0], dtype=f[1], m=m, h=h, us=float(f[3]), tbps=float(f[4]),
+                                               xla_us=float(f[7]), xla_tbps=float(f[8]), speedup=float(f[9][:-1]))
+        for (_, dtype, shape), r in ops.items():
+            r["copy_tbps"] = streams.get((dtype, shape, "copy"), float("nan"))
+            r["sol_tbps"] = streams.get((dtype, shape, "sol"), float("nan"))
+        rows.update(ops)
+    return sorted(rows.values(), key=lambda r: (OPS.index(r["op"]), r["dtype"], r["h"]))
 
 
 def plot(rows, ops, path):
@@ -250,6 +252,9 @@ def main():
         rows = read_logs(args.replot)
         if not rows:
             ap.error(f"no table rows in {' '.join(args.replot)}")
+        dtypes = sorted({r["dtype"] for r in rows})
+        if len(dtypes) > 1:
+            ap.error(f"--replot: the logs hold rows of several dtypes ({', '.join(dtypes)}); plot one at a time")
         plot(rows, [op for op in args.ops if any(r["op"] == op for r in rows)], args.plot)
         return
 
