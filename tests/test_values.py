@@ -512,6 +512,42 @@ def test_layer_norm_outlier_at_row_ends_many_rows(hidden, dtype, platform):
     _check_layer_stats(_outliers_at_ends(hidden + 5, 600, hidden), platform, dtype)
 
 
+# One shape a backward kernel family on the GPU: bwd_decode's rows (4), one
+# CTA a row (1024, 4096; 6144 in an EARLY CTA of 192 threads), clusters of 2,
+# 8 and 16 (12288, 65536, 262144), unaligned (3080).
+FAR_BWD_SHAPES = [(4, 4096), (600, 1024), (600, 4096), (400, 6144), (300, 12288), (264, 65536), (72, 262144),
+                  (600, 3080)]
+
+
+@pytest.mark.parametrize("shape", FAR_BWD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_layer_norm_backward_far_from_zero(dtype, shape, platform):
+    """LayerNorm's dx of rows whose mean is far from zero against float64 of
+    the stored values: rows offset by 1000, halves at +-500, an outlier
+    (-3000) in N(0, 1), and 5 + 0.1 N(0, 1), in turn. On the GPU the wider
+    rows of 16-bit x sum dy * gamma * x and subtract mean * sum(dy * gamma)
+    once a row (bwd_slices' LEAN); cancellation there would show here first.
+    Each row is divided by its rstd (which spans 1 to 1/500 here), as dx is."""
+    rows, hidden = shape
+    key = case_key(("far-bwd", np.dtype(dtype).name, shape))
+    x = np.array(random(key, shape, jnp.float32))
+    x[0::4] += 1000.0
+    x[1::4, : hidden // 2] += 500.0
+    x[1::4, hidden // 2 :] -= 500.0
+    x[2::4, hidden // 3] = -3000.0
+    x[3::4] = 5.0 + 0.1 * x[3::4]
+    x = jnp.asarray(x, dtype)
+    dy = random(key + 1, shape, dtype)
+    gamma = random(key + 2, (hidden,), dtype, scale=0.5, offset=1.0)
+    beta = random(key + 3, (hidden,), dtype, scale=0.5)
+    _, _, rstd, grads = _run("layer", platform, x, gamma, beta, dy, False)
+    _, _, rstd_ref = ref_forward("layer", x, gamma, beta, EPS["layer"])
+    dx_ref, dg_ref, _ = ref_backward("layer", dy, x, gamma, EPS["layer"])
+    what = f"layer {np.dtype(dtype).name} {shape}"
+    assert_close(f64(grads[0]) / rstd_ref[:, None], dx_ref / rstd_ref[:, None], dtype, what + " dx / rstd")
+    assert_close(grads[1], dg_ref, dtype, what + " dgamma", scale=max(1.0, np.abs(dg_ref).max(), np.sqrt(rows)))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_nan_stays_in_its_row(kind, platform):
     x = np.array(random(8, (4, 64), jnp.float32))

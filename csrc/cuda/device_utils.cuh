@@ -620,33 +620,49 @@ __device__ __forceinline__ RowCut cut_row(int64_t start, int64_t hidden) {
 // as floats: acc[0] += sum(g * (x - mean)) and, with two sums, acc[1] +=
 // sum(g), where g = dy * scale. acc[0] is not yet multiplied by rstd: the
 // caller does that once a row (grad_sums_scaled), one multiply a column
-// fewer.
-template <int VEC, int SUMS>
+// fewer. SHIFTED (two sums): acc[0] += sum(g * x) instead, one subtraction a
+// column fewer, and grad_sums_scaled takes mean * acc[1] off once a row.
+template <int VEC, bool SHIFTED = false, int SUMS>
 __device__ __forceinline__ void add_grad_sums_of(float (&acc)[SUMS], const float (&xv)[VEC], const float (&d)[VEC],
                                                  const float (&s)[VEC], float mean) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float g = d[j] * s[j];
-    acc[0] += g * (xv[j] - mean);
+    if constexpr (SHIFTED && SUMS == 2) {
+      acc[0] = fmaf(g, xv[j], acc[0]);
+    } else {
+      acc[0] += g * (xv[j] - mean);
+    }
     if constexpr (SUMS == 2) acc[1] += g;
   }
 }
 
-// A thread's sums of add_grad_sums_of as sum(g * xhat): acc[0] times rstd.
-template <int SUMS>
-__device__ __forceinline__ void grad_sums_scaled(float (&acc)[SUMS], float rstd) {
+// Where the shifted sums are exact enough: LayerNorm's (RMSNorm has one sum
+// and no mean) of 16-bit x. sum(g * x) - mean * sum(g) loses about
+// log2(|mean| / std) bits of float32 to cancellation. A 16-bit x is itself
+// rounded to 8 (bf16) or 11 (float16) bits of its magnitude, so its centred
+// values carry far more error than that: about 2^-9 of |mean| / std, against
+// 2^-21 over a thread's columns. float32 x keeps the centred form.
+template <NormKind K, class T>
+constexpr bool kShiftedSums = K == NormKind::kLayer && sizeof(T) == 2;
+
+// A thread's sums of add_grad_sums_of as sum(g * xhat): acc[0] times rstd
+// (SHIFTED: less mean * sum(g) first).
+template <bool SHIFTED = false, int SUMS>
+__device__ __forceinline__ void grad_sums_scaled(float (&acc)[SUMS], float rstd, float mean = 0.f) {
+  if constexpr (SHIFTED && SUMS == 2) acc[0] = fmaf(-mean, acc[1], acc[0]);
   acc[0] *= rstd;
 }
 
 // The same over the VEC columns from `col` of x and dy (the row's).
-template <int VEC, int SUMS, class T, class P>
+template <int VEC, bool SHIFTED = false, int SUMS, class T, class P>
 __device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, const T* dy, const P* gamma,
                                               int64_t col, bool zero_centered, float mean) {
   float xv[VEC], d[VEC], s[VEC];
   load_pack<VEC>(x + col, xv);
   load_pack<VEC>(dy + col, d);
   load_scale<VEC>(gamma, col, zero_centered, s);
-  add_grad_sums_of<VEC>(acc, xv, d, s, mean);
+  add_grad_sums_of<VEC, SHIFTED>(acc, xv, d, s, mean);
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

@@ -120,7 +120,10 @@ __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64
 
 // dx of a pack of VEC columns (x, dy and the scales as floats) into `out`,
 // and the pack's dy * xhat and dy added to its dgamma and dbeta sums.
-template <NormKind K, int VEC>
+// FOLD (LayerNorm): rstd * (g - c2 - xh * c1) as g * rstd + (xh * k1 + k0),
+// k1 = -c1 * rstd and k0 = -c2 * rstd the row's, one instruction a column
+// fewer (bwd_slices' LEAN).
+template <NormKind K, int VEC, bool FOLD = false>
 __device__ __forceinline__ void grad_dx(float (&out)[VEC], float (&dg)[VEC], float (&db)[VEC], const float (&xv)[VEC],
                                         const float (&d)[VEC], const float (&s)[VEC], float mean, float rstd,
                                         float c1, float c2) {
@@ -133,7 +136,11 @@ __device__ __forceinline__ void grad_dx(float (&out)[VEC], float (&dg)[VEC], flo
     // -> 256.0 / 254.5, 512x262144 278.1 / 279.4 -> 272.6 / 272.2; RMSNorm
     // level (RESULTS.md 1t).
     const float xh = fmaf(xv[j], rstd, -mean * rstd);
-    out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+    if constexpr (FOLD && K == NormKind::kLayer) {
+      out[j] = fmaf(d[j] * s[j], rstd, fmaf(xh, -c1 * rstd, -c2 * rstd));
+    } else {
+      out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+    }
     dg[j] += d[j] * xh;
     if constexpr (K == NormKind::kLayer) db[j] += d[j];
   }
@@ -763,6 +770,16 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * rpg;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   const int packs = kSliceItems * blockDim.x;
+  // LEAN: LayerNorm's EARLY instances of 16-bit x (one CTA of 129-255 or
+  // more than 256 threads a row, and every cluster) take the shifted row sums (kShiftedSums) and grad_dx's
+  // FOLD: two instructions a column fewer (sm_90 SASS: the EARLY, WHOLE
+  // instance 4960 -> 4848, 128 FADDs fewer). Same-call A/B on an H200, bf16,
+  // us, two rounds: 8192x16384 222.0 / 222.6 -> 219.6 / 220.1, 2048x65536
+  // 227.9 / 229.7 -> 225.6 / 226.1, 512x262144 256.7 / 254.2 -> 247.0 /
+  // 246.0. Not its CTAs of 32-128 threads (rows of 1024-4096, not EARLY):
+  // 217.3 / 217.6 -> 218.5 / 219.7 and 215.1 / 215.7 -> 215.9 / 217.0
+  // (RESULTS.md 1zo).
+  constexpr bool kLean = EARLY && kShiftedSums<K, T>;
   // Pack i of this thread in a stage (or in the staged gamma), and its
   // column in the CTA's slice. The column repeats the index sum in 64 bits
   // rather than widen pack(i): that changed the code of 20 of the file's
@@ -881,10 +898,10 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           unpack<true>(*stage(st, 0, i), xf);
           unpack<true>(*stage(st, 1, i), df);
           scale_of(i, s);
-          add_grad_sums_of<VEC>(acc, xf, df, s, mean);
+          add_grad_sums_of<VEC, kLean>(acc, xf, df, s, mean);
         }
       }
-      grad_sums_scaled(acc, rstd);
+      grad_sums_scaled<kLean>(acc, rstd, mean);
       grad_row_sums<K, true>(acc, smem, &exchange, st);
       if constexpr (!EARLY) {
         ring.order_refill_after_reduction();  // one-warp CTAs: hidden 1024 in bf16
@@ -900,7 +917,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           unpack<true>(*stage(st, 0, i), xf);
           unpack<true>(*stage(st, 1, i), df);
           scale_of(i, s);
-          grad_dx<K>(out, dg[i], db[i], xf, df, s, mean, rstd, c1, c2);
+          grad_dx<K, VEC, kLean>(out, dg[i], db[i], xf, df, s, mean, rstd, c1, c2);
           if (a.dh) {
             float dhf[VEC];
             unpack(dhr[i], dhf);

@@ -1138,6 +1138,12 @@ constexpr bool kSliceRefillAtEnd =
 // 216.2, 512x262144 200.1 / 212.4) or was mixed (3276x40960 213.0 / 208.5,
 // 2730x49152 214.2 / 208.7, 2340x57344 level; 1365x98304 bf16 215.7 / 205.3,
 // float16 206.6 / 210.5). RESULTS.md 1e.
+// Not in clusters of 16 (hidden over 131072 in 16-bit x), on later code: its
+// 128 KB CTAs, one an SM, left 7 clusters resident (112 of 132 SMs; Nsight
+// Compute, H200, 512x262144), unstaged 21 (336 CTAs of 64 KB, 40 registers).
+// One build with a knob, H200, bf16, us, two rounds, staged -> not:
+// 512x262144 185.8 / 187.0 -> 177.0 / 176.2 (2048x65536, staged either way,
+// level). RESULTS.md 1zo.
 constexpr int kSliceStagedCluster = 4;
 // LayerNorm's plain forward of 16-bit x with float32 gamma and beta
 // (STAGED_PARAMS with float32 packs) stages them in shared memory as floats,
@@ -2239,7 +2245,8 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
   } else {
     int cluster = pow2_ceil(ceil_div(nvec, kSliceVecs));
     [[maybe_unused]] const bool staged =
-        kSliceStagedParams<K, Q, P, VEC> && cluster >= kSliceStagedCluster && a.plain_params<K>();
+        kSliceStagedParams<K, Q, P, VEC> && cluster >= kSliceStagedCluster && cluster < kMaxCluster &&
+        a.plain_params<K>();
     [[maybe_unused]] const bool halves = staged && cluster * 2 <= kMaxCluster;  // STAGED_HALVES
     if (halves) cluster *= 2;
     [[maybe_unused]] const bool staged_p32 = kSliceStagedP32<K, Q, T, P> && a.plain_params<K>();
