@@ -41,8 +41,8 @@ for step in "$@"; do
           "$OUT/ncu_decode_${r}x$hd.txt" | head -80
       done ;;
     ncu-wide)  # the kernels of the widest rows, forward and backward: CTAs, clusters, registers, occupancy
-      # (RESULTS.md 1zn). Run after another GPU step: twice there the first process on the GPU
-      # failed under ncu at start-up ("no supported devices found for platform CUDA").
+      # (RESULTS.md 1zn, 1zo). Run after another GPU step: twice in 1zn the first process on the
+      # GPU failed under ncu at start-up ("no supported devices found for platform CUDA").
       KERNELS=fwd_slices COUNT=1 bash benchmarks/ncu_run.sh 512 262144 rms_fwd ln_fwd
       KERNELS=bwd_ COUNT=2 bash benchmarks/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
     bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f-1l)

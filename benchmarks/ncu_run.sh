@@ -9,6 +9,11 @@
 # arguments to profile_ops.py (e.g. EXTRA="--param-dtype float32"), TAG is
 # added to the report's name (ncu_OP_HIDDEN_TAG.txt).
 set -uo pipefail
+# Without preallocation (profile_ops.py says why). In RESULTS.md 1zo, with it set and after a
+# benchmark had run, the backward's profiles at 262144 started; in 1zn, without it, they had
+# failed at start-up ("no supported devices found for platform CUDA"). Which of the two helped
+# is not known.
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 rows=$1; hidden=$2; shift 2
 for op in "$@"; do
