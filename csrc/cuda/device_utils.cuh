@@ -655,14 +655,14 @@ __device__ __forceinline__ void grad_sums_scaled(float (&acc)[SUMS], float rstd,
 }
 
 // The same over the VEC columns from `col` of x and dy (the row's).
-template <int VEC, bool SHIFTED = false, int SUMS, class T, class P>
+template <int VEC, int SUMS, class T, class P>
 __device__ __forceinline__ void add_grad_sums(float (&acc)[SUMS], const T* x, const T* dy, const P* gamma,
                                               int64_t col, bool zero_centered, float mean) {
   float xv[VEC], d[VEC], s[VEC];
   load_pack<VEC>(x + col, xv);
   load_pack<VEC>(dy + col, d);
   load_scale<VEC>(gamma, col, zero_centered, s);
-  add_grad_sums_of<VEC, SHIFTED>(acc, xv, d, s, mean);
+  add_grad_sums_of<VEC>(acc, xv, d, s, mean);
 }
 
 // v = (v - mean) * rstd * scale + beta for the N columns from `col`: the

@@ -771,8 +771,8 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
   const int packs = kSliceItems * blockDim.x;
   // LEAN: LayerNorm's EARLY instances of 16-bit x (one CTA of 129-255 or
-  // more than 256 threads a row, and every cluster) take the shifted row sums (kShiftedSums) and grad_dx's
-  // FOLD: two instructions a column fewer (sm_90 SASS: the EARLY, WHOLE
+  // more than 256 threads a row, and every cluster) take the shifted row
+  // sums (kShiftedSums) and grad_dx's FOLD: two instructions a column fewer (sm_90 SASS: the EARLY, WHOLE
   // instance 4960 -> 4848, 128 FADDs fewer). Same-call A/B on an H200, bf16,
   // us, two rounds: 8192x16384 222.0 / 222.6 -> 219.6 / 220.1, 2048x65536
   // 227.9 / 229.7 -> 225.6 / 226.1, 512x262144 256.7 / 254.2 -> 247.0 /
