@@ -250,7 +250,7 @@ def _check_add_grad(kind, dtype, shape, platform, h_r_dtypes):
 # ---------------------------------------------------------------------------
 # FP8 output
 
-FP8_SHAPES = [(3, 1), (5, 7), (2, 3, 1000), (16, 4096), (3, 40001), (2, 65536)]
+FP8_SHAPES = [(3, 1), (5, 7), (2, 3, 1000), (37, 1024), (16, 4096), (3, 40001), (2, 65536)]
 
 
 def _fp8_fn(kind, quant, **kw):
@@ -601,7 +601,8 @@ def test_fp8_tensor_vmapped_rows(kind, dtype, shape, platform):
 # row to one CTA of 512 threads, for 16-bit x, holding x * gamma; float32
 # rows are wider than one CTA).
 GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
-               (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800)), (128, (5, 16384)), (16, (3, 16384))]
+               (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800)), (128, (5, 16384)), (16, (3, 16384)),
+               (16, (37, 1024)), (16, (4, 2048)), (128, (3, 6144))]
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)

@@ -2042,7 +2042,18 @@ ffi::Error launch_fwd_two_pass(cudaStream_t stream, const FwdArgs& a, int64_t nv
 
 // Per-tensor FP8 output takes fwd_slices from rows of this many packs (CTAs
 // of 64 threads or more; with 32-thread CTAs, at hidden 1024 bf16, it was
-// slower than fwd_regs: 263.8 against 210.8 us; at 2048, 197.9 against 200.8).
+// slower than fwd_regs on an H100 then: 263.8 against 210.8 us; at 2048,
+// 197.9 against 200.8). So does RMSNorm's per group, whose rows below one
+// CTA of fwd_regs (hidden 16384 in 16-bit x) had kept fwd_regs (on an H100
+// level or 1% slower at 4096-8192, RESULTS.md 6r).
+// One build with a knob, H200, groups of 128, us, two rounds, fwd_regs ->
+// fwd_slices: bf16 65536x2048 156.3 / 159.6 -> 135.4 / 135.4, 43690x3072
+// 160.9 / 161.2 -> 133.5 / 133.0, 32768x4096 162.3 / 158.4 -> 131.7 /
+// 131.8, 21845x6144 162.5 / 163.1 -> 135.2 / 134.1, 16384x8192 161.2 /
+// 159.7 -> 170.8 (once) / 135.9, 10922x12288 187.9 / 193.3 -> 145.6 /
+// 145.7; groups of 16 at 2048-8192 153.4-159.4 -> 130.9-135.7; float16
+// 32768x4096 164.5 / 164.5 -> 130.6 / 130.9; float32 parameters 32768x4096
+// 167.6 / 166.0 -> 142.8 / 145.7 (RESULTS.md 6zf).
 constexpr int64_t kSliceMinVecs = 64 * kSliceItems;
 // LayerNorm's per-tensor FP8 with parameters held (ONE_CTA) from CTAs of one
 // warp: at 131072x1024 bf16 165.5 against fwd_regs' 196.7 us (table 6p).
@@ -2070,6 +2081,17 @@ constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
 // stays in fwd_regs there (157.0 / 157.6 against 163.2 / 159.6).
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceRowLnWarp = K == NormKind::kLayer && Q == Quant::kRow && std::is_same_v<T, __nv_bfloat16>;
+// RMSNorm's per-tensor and per-group FP8 of 16-bit x from kSliceOneCtaMinVecs
+// too (CTAs of one warp at hidden 1024, not fwd_regs' CTAs of 256 threads,
+// whose per-tensor instance spills 16 bytes at its 64-register cap). One
+// build with a knob, H200, bf16, 131072x1024, us, two rounds: per tensor
+// 142.0 / 143.3 -> 126.7 / 126.3, per group of 128 152.7 / 150.3 -> 135.6
+// / 136.2. Not RMSNorm's per row, which keeps its P32 CTAs there (125.5 /
+// 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
+// group (1024 level or 1-5% slower; per tensor 65536x2048 123 -> 151-153).
+// RESULTS.md 6zf.
+template <NormKind K, Quant Q, class T>
+constexpr bool kSliceRmsWarp = K == NormKind::kRms && (Q == Quant::kTensor || Q == Quant::kGroup) && sizeof(T) == 2;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
@@ -2159,11 +2181,11 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
     return false;
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
-    const int64_t min_vecs = kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> ? kSliceOneCtaMinVecs
-                             : Q == Quant::kTensor || Q == Quant::kRow ? kSliceMinVecs
-                             : K == NormKind::kRms && Q == Quant::kGroup ? kCtaVecs
-                             : Q == Quant::kNone && plain_slices<K, T, P>(a, nvec) ? 1
-                                                                             : kCtaVecs + 1;
+    const int64_t min_vecs =
+        kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> || kSliceRmsWarp<K, Q, T> ? kSliceOneCtaMinVecs
+        : Q == Quant::kTensor || Q == Quant::kRow || (K == NormKind::kRms && Q == Quant::kGroup) ? kSliceMinVecs
+        : Q == Quant::kNone && plain_slices<K, T, P>(a, nvec) ? 1
+                                                               : kCtaVecs + 1;
     return regs_ok && !a.residual && !a.given_stats && nvec >= min_vecs && nvec <= kSliceVecs * kMaxCluster &&
            has_clusters();
   }
@@ -2189,8 +2211,8 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
 // the row, the same refill lost (16384x8192 155.0 / 155.4 -> 169.6 /
 // 168.3, 8192x16384 158.5 / 154.7 -> 171.7 / 169.4).
 // RMSNorm's per-group FP8 holds x * gamma by the same rule where one CTA
-// takes the row (hidden 16384 in 16-bit x; narrower rows go to fwd_regs):
-// its output pass then reads neither the stage nor gamma. Same-call A/B,
+// takes the row (hidden 8192-16384 in 16-bit x): its output pass then reads
+// neither the stage nor gamma. Same-call A/B,
 // H100, bf16, us, two rounds: 8192x16384 165.3 / 164.2 -> 159.4 / 157.1
 // (16384x8192, fwd_regs, level as it should be). Not across a cluster,
 // where its sums pass then read gamma too: 2048x65536 176.6 / 176.6 ->
