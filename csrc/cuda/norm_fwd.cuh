@@ -1064,6 +1064,19 @@ constexpr bool kSliceOneCtaPlain = K == NormKind::kLayer && Q == Quant::kNone &&
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
 
+// RMSNorm's per-tensor and per-group FP8 of 16-bit x from kSliceOneCtaMinVecs
+// too (CTAs of one warp at hidden 1024, not fwd_regs' CTAs of 256 threads,
+// whose per-tensor instance spills 16 bytes at its 64-register cap). One
+// build with a knob, H200, bf16, 131072x1024, us, two rounds: per tensor
+// 142.0 / 143.3 -> 126.7 / 126.3, per group of 128 152.7 / 150.3 -> 135.6
+// / 136.2. Not RMSNorm's per row, which keeps its P32 CTAs there (125.5 /
+// 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
+// group (1024 level or 1-5% slower; per tensor 65536x2048 123 -> 151-153).
+// RESULTS.md 6zf. Their one-warp CTAs take the barrier before the refill
+// (order_refill_after_reduction) that ONE_CTA's and HOLD_Y's do.
+template <NormKind K, Quant Q, class T>
+constexpr bool kSliceRmsWarp = K == NormKind::kRms && (Q == Quant::kTensor || Q == Quant::kGroup) && sizeof(T) == 2;
+
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
 // pack again: 32 registers more (64, no stack), two CTAs an SM (in bf16
@@ -1613,7 +1626,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       sq = acc[0];
     }
     if constexpr (!REFILL_AT_END) {
-      if constexpr (ONE_CTA || HOLD_Y) ring.order_refill_after_reduction();  // the only CTAs of one warp
+      // The only CTAs of one warp:
+      if constexpr (ONE_CTA || HOLD_Y || kSliceRmsWarp<K, Q, T>) ring.order_refill_after_reduction();
       prefetch(row + used, st ^ 1);
     }
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
@@ -2081,17 +2095,6 @@ constexpr int64_t kSliceOneCtaMinVecs = 32 * kSliceItems;
 // stays in fwd_regs there (157.0 / 157.6 against 163.2 / 159.6).
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceRowLnWarp = K == NormKind::kLayer && Q == Quant::kRow && std::is_same_v<T, __nv_bfloat16>;
-// RMSNorm's per-tensor and per-group FP8 of 16-bit x from kSliceOneCtaMinVecs
-// too (CTAs of one warp at hidden 1024, not fwd_regs' CTAs of 256 threads,
-// whose per-tensor instance spills 16 bytes at its 64-register cap). One
-// build with a knob, H200, bf16, 131072x1024, us, two rounds: per tensor
-// 142.0 / 143.3 -> 126.7 / 126.3, per group of 128 152.7 / 150.3 -> 135.6
-// / 136.2. Not RMSNorm's per row, which keeps its P32 CTAs there (125.5 /
-// 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
-// group (1024 level or 1-5% slower; per tensor 65536x2048 123 -> 151-153).
-// RESULTS.md 6zf.
-template <NormKind K, Quant Q, class T>
-constexpr bool kSliceRmsWarp = K == NormKind::kRms && (Q == Quant::kTensor || Q == Quant::kGroup) && sizeof(T) == 2;
 // The packs a row of one CTA of fwd_regs holds at most (wider rows take
 // clusters, fwd_slices or the streaming kernel).
 template <Quant Q>
