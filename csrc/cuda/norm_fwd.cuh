@@ -1071,9 +1071,10 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // 142.0 / 143.3 -> 126.7 / 126.3, per group of 128 152.7 / 150.3 -> 135.6
 // / 136.2. Not RMSNorm's per row, which keeps its P32 CTAs there (125.5 /
 // 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
-// group (1024 level or 1-5% slower; per tensor 65536x2048 123 -> 151-153).
-// RESULTS.md 6zf. Their one-warp CTAs take the barrier before the refill
-// (order_refill_after_reduction) that ONE_CTA's and HOLD_Y's do.
+// group (at 1024 per tensor 1-2% slower, per group 4-6%; per tensor
+// 65536x2048 123-125 -> 151-153). RESULTS.md 6zf. Their one-warp CTAs
+// take the barrier before the refill (order_refill_after_reduction) that
+// ONE_CTA's and HOLD_Y's do.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceRmsWarp = K == NormKind::kRms && (Q == Quant::kTensor || Q == Quant::kGroup) && sizeof(T) == 2;
 
