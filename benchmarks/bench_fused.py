@@ -50,9 +50,9 @@ from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
 
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row", "rms_fp8_group",
-       "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t", "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln",
-       "fp8in_rms_tensor"]
+OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
+       "rms_fp8_group", "ln_fp8_group", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
+       "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor"]
 
 
 def jnp_norm32(kind, x, g, b):

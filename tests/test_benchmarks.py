@@ -26,7 +26,7 @@ def _rows(out, op):
 
 @pytest.mark.parametrize("args, ops", [
     ((), ("ln_fp8_row", "rms_fp8_group", "add_rms", "rms_fp8_current_t")),
-    (("--dtype", "float16"), ("ln_fp8", "add_rms_fp8_row")),
+    (("--dtype", "float16"), ("ln_fp8", "add_rms_fp8_row", "ln_fp8_group")),
     (("--hidden-slice",), ("rms_fp8", "ln_fp8_row")),
 ], ids=["bf16", "fp16", "hidden-slice"])
 def test_bench_fused_quick(args, ops):
