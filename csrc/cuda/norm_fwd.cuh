@@ -1072,11 +1072,20 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // / 136.2. Not RMSNorm's per row, which keeps its P32 CTAs there (125.5 /
 // 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
 // group (at 1024 per tensor 1-2% slower, per group 4-6%; per tensor
-// 65536x2048 123-125 -> 151-153). RESULTS.md 6zf. Their one-warp CTAs
-// take the barrier before the refill (order_refill_after_reduction) that
-// ONE_CTA's and HOLD_Y's do.
+// 65536x2048 123-125 -> 151-153). RESULTS.md 6zf.
+// LayerNorm's per group likewise (fwd_regs' instance spills 112 bytes at
+// 64 registers, fwd_slices' 32 at 40). One build with a knob, H200, bf16,
+// groups of 128, us, two rounds, fwd_regs -> fwd_slices from 1024
+// columns: 131072x1024 183.9 / 187.1 -> 167.2 / 164.4, 65536x2048 196.2 /
+// 193.8 -> 175.1 / 175.5, 32768x4096 198.0 / 200.2 -> 166.9 / 166.3,
+// 16384x8192 204.0 / 206.0 -> 164.9 / 166.6, 8192x16384 218.0 / 218.3 ->
+// 167.9 / 169.5 (from 2048 columns instead: 1024 level with fwd_regs, the
+// rest the same; RESULTS.md 6zg). These one-warp CTAs take the barrier
+// before the refill (order_refill_after_reduction) that ONE_CTA's and
+// HOLD_Y's do.
 template <NormKind K, Quant Q, class T>
-constexpr bool kSliceRmsWarp = K == NormKind::kRms && (Q == Quant::kTensor || Q == Quant::kGroup) && sizeof(T) == 2;
+constexpr bool kSliceQuantWarp =
+    sizeof(T) == 2 && (Q == Quant::kGroup || (K == NormKind::kRms && Q == Quant::kTensor));
 
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
@@ -1628,7 +1637,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     }
     if constexpr (!REFILL_AT_END) {
       // The only CTAs of one warp:
-      if constexpr (ONE_CTA || HOLD_Y || kSliceRmsWarp<K, Q, T>) ring.order_refill_after_reduction();
+      if constexpr (ONE_CTA || HOLD_Y || kSliceQuantWarp<K, Q, T>) ring.order_refill_after_reduction();
       prefetch(row + used, st ^ 1);
     }
     const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
@@ -2104,9 +2113,10 @@ constexpr int64_t kRegsCtaVecs =
 
 // Whether a forward goes to fwd_slices: 16-byte packs of a float x without a
 // residual or given statistics, on sm_90+; for per-tensor FP8 (and current
-// scaling) and per-row FP8 from kSliceMinVecs packs a row (LayerNorm's
-// per-tensor with parameters held and its per-row in bf16 from
-// kSliceOneCtaMinVecs), otherwise rows wider than one CTA of fwd_regs.
+// scaling), per-row FP8 and RMSNorm's per group from kSliceMinVecs packs a
+// row (from kSliceOneCtaMinVecs: LayerNorm's per-tensor with parameters held,
+// its per-row in bf16, and kSliceQuantWarp's per tensor and per group of
+// 16-bit x), otherwise rows wider than one CTA of fwd_regs.
 // Measured on an H100, bf16, fwd_slices against fwd_regs: per-tensor 165.7 /
 // 197.1 us at 32768x4096 and 164.2 / 209.4 at 8192x16384 (263.8 us at
 // 131072x1024 with 32-thread CTAs); per group 252.9 / 239.2 and 241.7 /
@@ -2186,7 +2196,7 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs =
-        kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> || kSliceRmsWarp<K, Q, T> ? kSliceOneCtaMinVecs
+        kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> || kSliceQuantWarp<K, Q, T> ? kSliceOneCtaMinVecs
         : Q == Quant::kTensor || Q == Quant::kRow || (K == NormKind::kRms && Q == Quant::kGroup) ? kSliceMinVecs
         : Q == Quant::kNone && plain_slices<K, T, P>(a, nvec) ? 1
                                                                : kCtaVecs + 1;
