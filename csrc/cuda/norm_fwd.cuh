@@ -1080,9 +1080,12 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // 193.8 -> 175.1 / 175.5, 32768x4096 198.0 / 200.2 -> 166.9 / 166.3,
 // 16384x8192 204.0 / 206.0 -> 164.9 / 166.6, 8192x16384 218.0 / 218.3 ->
 // 167.9 / 169.5 (from 2048 columns instead: 1024 level with fwd_regs, the
-// rest the same; RESULTS.md 6zg). These one-warp CTAs take the barrier
-// before the refill (order_refill_after_reduction) that ONE_CTA's and
-// HOLD_Y's do.
+// rest the same); float16 at 1024 / 4096 / 16384 184.8 / 184.5 -> 168.1 /
+// 167.4, 199.1 / 201.2 -> 167.7 / 168.2, 222.2 / 221.3 -> 169.8 / 169.7;
+// float32 parameters 220.6 / 220.5 -> 187.4 / 183.4, 225.9 / 227.5 ->
+// 186.5 / 185.4, 269.9 / 270.0 -> 200.6 / 200.0 (RESULTS.md 6zg). These
+// one-warp CTAs take the barrier before the refill
+// (order_refill_after_reduction) that ONE_CTA's and HOLD_Y's do.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceQuantWarp =
     sizeof(T) == 2 && (Q == Quant::kGroup || (K == NormKind::kRms && Q == Quant::kTensor));
