@@ -44,6 +44,7 @@ def ops(x, g, b, dy):
         "rms_fp8_row": lambda: jrn.rms_norm_fp8_rowwise(x, g),
         "ln_fp8_row": lambda: jrn.layer_norm_fp8_rowwise(x, g, b),
         "rms_fp8_group": lambda: jrn.rms_norm_fp8_groupwise(x, g),
+        "ln_fp8_group": lambda: jrn.layer_norm_fp8_groupwise(x, g, b),
         "rms_fp8_current": lambda: jrn.rms_norm_fp8_current(x, g),  # measuring pass, scale, quantizing pass
         "rms_fp8_current_t": lambda: jrn.rms_norm_fp8_current(x, g, transpose=True),  # and q_t
         "ln_fp8_current": lambda: jrn.layer_norm_fp8_current(x, g, b),

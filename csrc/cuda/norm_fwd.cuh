@@ -1061,6 +1061,22 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaPlain = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // ONE_CTA also takes LayerNorm's per-row FP8 in narrow rows (kSliceYSmemThreads).
+// And LayerNorm's per-group FP8 of 16-bit x (parameters in x's dtype) where
+// one CTA takes the row (hidden 1024-16384 in bf16): 64 registers, two
+// CTAs of 512 threads an SM (bf16: no spill where the row fills the CTA's
+// threads, WHOLE, 56 bytes otherwise; float16 4 and 52), against 40
+// registers and gamma and beta loaded for every row. Nsight Compute at 32768x4096 before
+// (H200): 122.5 M instructions against RMSNorm's per group's 91.4 M, a
+// scheduler issuing in 77% of cycles. One build with a knob, H200, bf16,
+// groups of 128, us, two rounds, unheld -> held: 131072x1024 170.1 /
+// 167.8 -> 163.0 / 155.9, 65536x2048 177.2 / 174.9 -> 171.5 / 168.0,
+// 32768x4096 168.3 / 167.7 -> 165.6 / 165.0, 16384x8192 167.9 / 168.9 ->
+// 161.0 / 160.4, 8192x16384 173.5 / 165.5 -> 158.9 / 156.4; float16 held
+// 157.3 / 166.1 / 154.8 at 1024 / 4096 / 16384 (169.7 / 168.7 / 168.0
+// unheld in an earlier call). RESULTS.md 6zg.
+template <NormKind K, Quant Q, class T, class P, int VEC>
+constexpr bool kSliceOneCtaGroup =
+    K == NormKind::kLayer && Q == Quant::kGroup && sizeof(T) == 2 && sizeof(P) * VEC == 16;
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
 
@@ -1073,8 +1089,9 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // 126.3 -> 130.6 / 131.2), nor fwd_regs' P32 CTAs for per tensor or per
 // group (at 1024 per tensor 1-2% slower, per group 4-6%; per tensor
 // 65536x2048 123-125 -> 151-153). RESULTS.md 6zf.
-// LayerNorm's per group likewise (fwd_regs' instance spills 112 bytes at
-// 64 registers, fwd_slices' 32 at 40). One build with a knob, H200, bf16,
+// LayerNorm's per group likewise (at 64 registers fwd_regs' bf16 instance
+// spills 8 bytes, with float32 parameters 112; fwd_slices' at 40 none and
+// 32). One build with a knob, H200, bf16,
 // groups of 128, us, two rounds, fwd_regs -> fwd_slices from 1024
 // columns: 131072x1024 183.9 / 187.1 -> 167.2 / 164.4, 65536x2048 196.2 /
 // 193.8 -> 175.1 / 175.5, 32768x4096 198.0 / 200.2 -> 166.9 / 166.3,
@@ -1332,8 +1349,8 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaPlain<K, Q, P, VEC> ||
-                    (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
-                "fwd_slices: ONE_CTA is LayerNorm's per-tensor FP8, plain forward or per-row FP8");
+                    kSliceOneCtaGroup<K, Q, T, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
+                "fwd_slices: ONE_CTA is LayerNorm's per-tensor, per-group or per-row FP8 or plain forward");
   // LayerNorm's per row with its parameters held (ONE_CTA) keeps the pending
   // row's y as floats in shared memory after the two stages, not in the 32
   // registers the held parameters take: each thread writes and reads only
@@ -2322,7 +2339,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     auto pick = [&](auto whole) {
       constexpr bool W = decltype(whole)::value;
       auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
-      if constexpr (kSliceOneCta<K, Q, P, VEC>) {
+      if constexpr (kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaGroup<K, Q, T, P, VEC>) {
         if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
       }
       if constexpr (kSliceOneCtaPlain<K, Q, P, VEC> && sizeof(T) == 2) {
