@@ -599,10 +599,11 @@ def test_fp8_tensor_vmapped_rows(kind, dtype, shape, platform):
 
 # 16384: on the GPU, RMSNorm's per-group kernel changes there (fwd_slices, a
 # row to one CTA of 512 threads, for 16-bit x, holding x * gamma; float32
-# rows are wider than one CTA).
+# rows are wider than one CTA). 1040 (130 packs of bf16): a row that does not
+# fill its CTA's threads, LayerNorm's per group then in ONE_CTA without WHOLE.
 GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 1024)), (16, (2, 65536)),
                (128, (2, 65536)), (24, (3, 72)), (48, (2, 4800)), (128, (5, 16384)), (16, (3, 16384)),
-               (16, (37, 1024)), (16, (4, 2048)), (128, (3, 6144))]
+               (16, (37, 1024)), (16, (4, 2048)), (128, (3, 6144)), (16, (5, 1040))]
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=dname)
