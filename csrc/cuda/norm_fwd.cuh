@@ -1062,18 +1062,18 @@ template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaPlain = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // ONE_CTA also takes LayerNorm's per-row FP8 in narrow rows (kSliceYSmemThreads).
 // And LayerNorm's per-group FP8 of 16-bit x (parameters in x's dtype) where
-// one CTA takes the row (hidden 1024-16384 in bf16): 64 registers, two
-// CTAs of 512 threads an SM (bf16: no spill where the row fills the CTA's
-// threads, WHOLE, 56 bytes otherwise; float16 4 and 52), against 40
-// registers and gamma and beta loaded for every row. Nsight Compute at 32768x4096 before
+// one CTA takes the row (hidden 1024-16384 in bf16): 64 registers, two CTAs
+// of 512 threads an SM (bf16: no spill where the row fills the CTA's threads,
+// WHOLE, 56 bytes otherwise; float16 4 and 52), against 40 registers and
+// gamma and beta loaded for every row. Nsight Compute at 32768x4096 before
 // (H200): 122.5 M instructions against RMSNorm's per group's 91.4 M, a
 // scheduler issuing in 77% of cycles. One build with a knob, H200, bf16,
-// groups of 128, us, two rounds, unheld -> held: 131072x1024 170.1 /
-// 167.8 -> 163.0 / 155.9, 65536x2048 177.2 / 174.9 -> 171.5 / 168.0,
-// 32768x4096 168.3 / 167.7 -> 165.6 / 165.0, 16384x8192 167.9 / 168.9 ->
-// 161.0 / 160.4, 8192x16384 173.5 / 165.5 -> 158.9 / 156.4; float16 held
-// 157.3 / 166.1 / 154.8 at 1024 / 4096 / 16384 (169.7 / 168.7 / 168.0
-// unheld in an earlier call). RESULTS.md 6zg.
+// groups of 128, us, two rounds, unheld -> held: 131072x1024 170.1 / 167.8 ->
+// 163.0 / 155.9, 65536x2048 177.2 / 174.9 -> 171.5 / 168.0, 32768x4096 168.3
+// / 167.7 -> 165.6 / 165.0, 16384x8192 167.9 / 168.9 -> 161.0 / 160.4,
+// 8192x16384 173.5 / 165.5 -> 158.9 / 156.4; float16 held 157.3 / 166.1 /
+// 154.8 at 1024 / 4096 / 16384 (169.7 / 168.7 / 168.0 unheld in an earlier
+// call). RESULTS.md 6zg.
 template <NormKind K, Quant Q, class T, class P, int VEC>
 constexpr bool kSliceOneCtaGroup =
     K == NormKind::kLayer && Q == Quant::kGroup && sizeof(T) == 2 && sizeof(P) * VEC == 16;
@@ -1091,17 +1091,16 @@ constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && si
 // 65536x2048 123-125 -> 151-153). RESULTS.md 6zf.
 // LayerNorm's per group likewise (at 64 registers fwd_regs' bf16 instance
 // spills 8 bytes, with float32 parameters 112; fwd_slices' at 40 none and
-// 32). One build with a knob, H200, bf16,
-// groups of 128, us, two rounds, fwd_regs -> fwd_slices from 1024
-// columns: 131072x1024 183.9 / 187.1 -> 167.2 / 164.4, 65536x2048 196.2 /
-// 193.8 -> 175.1 / 175.5, 32768x4096 198.0 / 200.2 -> 166.9 / 166.3,
-// 16384x8192 204.0 / 206.0 -> 164.9 / 166.6, 8192x16384 218.0 / 218.3 ->
-// 167.9 / 169.5 (from 2048 columns instead: 1024 level with fwd_regs, the
-// rest the same); float16 at 1024 / 4096 / 16384 184.8 / 184.5 -> 168.1 /
-// 167.4, 199.1 / 201.2 -> 167.7 / 168.2, 222.2 / 221.3 -> 169.8 / 169.7;
-// float32 parameters 220.6 / 220.5 -> 187.4 / 183.4, 225.9 / 227.5 ->
-// 186.5 / 185.4, 269.9 / 270.0 -> 200.6 / 200.0 (RESULTS.md 6zg). These
-// one-warp CTAs take the barrier before the refill
+// 32). One build with a knob, H200, bf16, groups of 128, us, two rounds,
+// fwd_regs -> fwd_slices from 1024 columns: 131072x1024 183.9 / 187.1 ->
+// 167.2 / 164.4, 65536x2048 196.2 / 193.8 -> 175.1 / 175.5, 32768x4096 198.0
+// / 200.2 -> 166.9 / 166.3, 16384x8192 204.0 / 206.0 -> 164.9 / 166.6,
+// 8192x16384 218.0 / 218.3 -> 167.9 / 169.5 (from 2048 columns instead: 1024
+// level with fwd_regs, the rest the same); float16 at 1024 / 4096 / 16384
+// 184.8 / 184.5 -> 168.1 / 167.4, 199.1 / 201.2 -> 167.7 / 168.2, 222.2 /
+// 221.3 -> 169.8 / 169.7; float32 parameters 220.6 / 220.5 -> 187.4 / 183.4,
+// 225.9 / 227.5 -> 186.5 / 185.4, 269.9 / 270.0 -> 200.6 / 200.0 (RESULTS.md
+// 6zg). These one-warp CTAs take the barrier before the refill
 // (order_refill_after_reduction) that ONE_CTA's and HOLD_Y's do.
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceQuantWarp =
