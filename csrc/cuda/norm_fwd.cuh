@@ -1061,24 +1061,24 @@ constexpr bool kSliceOneCta = K == NormKind::kLayer && Q == Quant::kTensor && si
 template <NormKind K, Quant Q, class P, int VEC>
 constexpr bool kSliceOneCtaPlain = K == NormKind::kLayer && Q == Quant::kNone && sizeof(P) * VEC == 16;
 // ONE_CTA also takes LayerNorm's per-row FP8 in narrow rows (kSliceYSmemThreads).
-// And LayerNorm's per-group FP8 of 16-bit x (parameters in x's dtype) where
-// one CTA takes the row (hidden 1024-16384 in bf16): 64 registers, two CTAs
-// of 512 threads an SM (bf16: no spill where the row fills the CTA's threads,
-// WHOLE, 56 bytes otherwise; float16 4 and 52), against 40 registers and
-// gamma and beta loaded for every row. Nsight Compute at 32768x4096 before
-// (H200): 122.5 M instructions against RMSNorm's per group's 91.4 M, a
-// scheduler issuing in 77% of cycles. One build with a knob, H200, bf16,
-// groups of 128, us, two rounds, unheld -> held: 131072x1024 170.1 / 167.8 ->
-// 163.0 / 155.9, 65536x2048 177.2 / 174.9 -> 171.5 / 168.0, 32768x4096 168.3
-// / 167.7 -> 165.6 / 165.0, 16384x8192 167.9 / 168.9 -> 161.0 / 160.4,
-// 8192x16384 173.5 / 165.5 -> 158.9 / 156.4; float16 held 157.3 / 166.1 /
-// 154.8 at 1024 / 4096 / 16384 (169.7 / 168.7 / 168.0 unheld in an earlier
-// call). RESULTS.md 6zg.
+template <NormKind K, Quant Q, class P, int VEC>
+constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
+// ONE_CTA also takes LayerNorm's per-group FP8 of 16-bit x (parameters in x's
+// dtype) where one CTA takes the row (hidden 1024-16384 in bf16): 64
+// registers, two CTAs of 512 threads an SM (bf16: no spill where the row
+// fills the CTA's threads, WHOLE, 56 bytes otherwise; float16 4 and 52),
+// against 40 registers and gamma and beta loaded for every row. Nsight
+// Compute at 32768x4096 before (H200): 122.5 M instructions against RMSNorm's
+// per group's 91.4 M, a scheduler issuing in 77% of cycles. One build with a
+// knob, H200, bf16, groups of 128, us, two rounds, unheld -> held:
+// 131072x1024 170.1 / 167.8 -> 163.0 / 155.9, 65536x2048 177.2 / 174.9 ->
+// 171.5 / 168.0, 32768x4096 168.3 / 167.7 -> 165.6 / 165.0, 16384x8192 167.9
+// / 168.9 -> 161.0 / 160.4, 8192x16384 173.5 / 165.5 -> 158.9 / 156.4;
+// float16 held 157.3 / 166.1 / 154.8 at 1024 / 4096 / 16384 (169.7 / 168.7 /
+// 168.0 unheld in an earlier call). RESULTS.md 6zg.
 template <NormKind K, Quant Q, class T, class P, int VEC>
 constexpr bool kSliceOneCtaGroup =
     K == NormKind::kLayer && Q == Quant::kGroup && sizeof(T) == 2 && sizeof(P) * VEC == 16;
-template <NormKind K, Quant Q, class P, int VEC>
-constexpr bool kSliceOneCtaRow = K == NormKind::kLayer && Q == Quant::kRow && sizeof(P) * VEC == 16;
 
 // RMSNorm's per-tensor and per-group FP8 of 16-bit x from kSliceOneCtaMinVecs
 // too (CTAs of one warp at hidden 1024, not fwd_regs' CTAs of 256 threads,
