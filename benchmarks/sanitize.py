@@ -37,9 +37,10 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # an H100) for the two-pass forward of the residual add (fwd_add_stats,
 # fwd_apply), which also normalizes with given statistics.
 # At 262144, clusters of 16 CTAs exchange each row's sums (ClusterPush) for
-# several rows in turn. At 1024 (bf16), LayerNorm's per-tensor FP8 with
-# parameters in x's dtype (gamma and beta held across rows) takes CTAs of one
-# warp, 32 a SM.
+# several rows in turn. At 1024 (bf16), LayerNorm's per-tensor and per-group
+# FP8 with parameters in x's dtype (gamma and beta held across rows) take CTAs
+# of one warp, 32 a SM; at 1040 (groups of 16) a row leaves part of its CTA's
+# threads without a pack.
 # At 12288 a row takes one CTA of 384 threads, at 24576 a cluster of two
 # (the row spread evenly over the CTAs, row_threads); at 12288 LayerNorm's
 # plain forward takes one CTA of fwd_slices, and at 8200 and 12288 its
@@ -54,7 +55,7 @@ SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65
 # CTA of three packs a thread, at 14001 one of four; at 601 four packs a
 # thread for both kinds (16-bit x), several rows a CTA; at 6001 LayerNorm
 # three packs a thread in 256 threads.
-MANY_ROWS = [(9000, 1024), (2000, 4096), (1100, 4097), (520, 12290), (520, 14001), (2000, 601), (800, 6001),
+MANY_ROWS = [(9000, 1024), (3000, 1040), (2000, 4096), (1100, 4097), (520, 12290), (520, 14001), (2000, 601), (800, 6001),
              (1000, 6144), (600, 8200), (500, 11264), (700, 12288), (600, 16384), (400, 16392), (300, 24576),
              (300, 65536), (64, 262144)]
 
@@ -204,11 +205,14 @@ def main():
             for a, b in zip(vjp(dy), vjpc(jax.device_put(dy, cpu))):
                 check(a, b, 3e-2)
         compare(fp8_outputs(h), x, dy, g, 3e-2)
-        # bf16 parameters: LayerNorm's per-tensor FP8 (held in registers) and,
-        # across a cluster, its plain forward (gamma and beta staged in shared memory)
+        # bf16 parameters: LayerNorm's per-tensor and per-group FP8 (held in
+        # registers where one CTA takes the row) and, across a cluster, its plain
+        # forward (gamma and beta staged in shared memory)
         compare([lambda x, r, g: jrn.layer_norm_fp8(x, g, g, scale=20.0),
                  lambda x, r, g: jrn.layer_norm_fp8_current(x, g, g),
-                 lambda x, r, g: (jrn.layer_norm(x, g, g),)], x, dy, g.astype(jnp.bfloat16), 3e-2)
+                 lambda x, r, g: (jrn.layer_norm(x, g, g),)]
+                + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs)
+                   for gs in (16, 128) if h % gs == 0], x, dy, g.astype(jnp.bfloat16), 3e-2)
         compare(wide_rows(h), x, dy, g, 3e-2)
         print(f"ok {m}x{h} (many rows per slot)", flush=True)
     print("sanitize run: all paths ok")
