@@ -1363,7 +1363,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
     __maxnreg__(STAGED_HALVES                                         ? kSliceHalvesRegs
                 : Q == Quant::kRow && HOLD_Y && !ONE_CTA && ROW_CAP ? kSliceRowRegs
                                                                     : 128)
-        fwd_slices(FwdArgs a, int64_t used, int cluster) {
+        fwd_slices(FwdArgs a, int64_t used, int cluster, float inv_h) {
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaPlain<K, Q, P, VEC> ||
@@ -1468,6 +1468,20 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   };
   auto slice_of = [&](int q) { return slice_columns(q, static_cast<int64_t>(packs) * VEC, H); };
   const int64_t slice_elems = slice_of(rank);
+  // 1 / H (the launcher's, a kernel parameter) and 1 / the slice's columns
+  // (that of H where one CTA takes the row), taken once: a row's mean and
+  // variance cost a multiplication each, not an IEEE division (the sm_90 SASS
+  // of the bf16 units' fwd_slices instances 6% shorter in all, up to 10%
+  // each; spills 8 bytes more or less in a dozen of them). Same-call A/B on an
+  // H200, bf16, us, two rounds -> one, groups of 128: LayerNorm per group
+  // 32768x4096 151.9 / 149.9 -> 145.9, 8192x16384 145.5 / 145.3 -> 141.3,
+  // 131072x1024 level (139.6 / 140.7 -> 138.9 / 139.5); RMSNorm per group
+  // 124.5 / 124.3 -> 122.7 and 129.4 / 128.9 -> 126.5 (1024 level); the plain
+  // forward and LayerNorm's per row level (RESULTS.md 6zi). Not in fwd_regs
+  // (one row a thread): there its instances spilled up to 60 bytes more,
+  // LayerNorm's with float32 parameters 32768x4096 157.4 / 158.5 -> 178.3,
+  // the rest level.
+  const float inv_slice = cluster == 1 || slice_elems == 0 ? inv_h : 1.f / static_cast<float>(slice_elems);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
   ClusterPush<kXchg> exchange(xchg, pushed, cluster, rank);
@@ -1639,7 +1653,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       // weighted by their sizes (Chan et al.'s pairwise update, all at once).
       float part[kXchg] = {};  // {slice mean, slice sum of squared deviations[, kClusterMerge's]}
       if (slice_elems > 0) {
-        const float2 mean_m2 = shifted_mean_m2(acc, shift, slice_elems);
+        const float2 mean_m2 = shifted_mean_m2_of(acc, shift, acc[0] * inv_slice);
         part[0] = mean_m2.x;
         part[1] = mean_m2.y;
       }
@@ -1651,12 +1665,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         if constexpr (kClusterMerge) {  // the slices' weighted means and the pending row's max, one butterfly
           float w[2] = {n * part[0], part[2]};
           warp_sum<2>(w, 32, SumAbsMaxOp{});
-          mean = w[0] / static_cast<float>(H);
+          mean = w[0] * inv_h;
           pending_max = w[1];
         } else {
           float w[1] = {n * part[0]};
           warp_sum<1>(w, 32);
-          mean = w[0] / static_cast<float>(H);
+          mean = w[0] * inv_h;
         }
         const float d = part[0] - mean;
         float m2[1] = {part[1] + n * d * d};
@@ -1678,7 +1692,7 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
       if constexpr (ONE_CTA || HOLD_Y || kSliceQuantWarp<K, Q, T>) ring.order_refill_after_reduction();
       prefetch(row + used, st ^ 1);
     }
-    const float rstd = rsqrtf(sq / static_cast<float>(H) + a.eps);
+    const float rstd = rsqrtf(sq * inv_h + a.eps);
     const int64_t out = row * H + first;
     // The row's outputs, by pass: `plain` (a std::bool_constant) says gamma
     // (and LayerNorm's beta) is given and the scale is not zero-centred.
@@ -2080,6 +2094,11 @@ constexpr bool two_pass_quant() {
   return Q == Quant::kNone || Q == Quant::kTensor || (Q == Quant::kRow && K == NormKind::kRms);
 }
 
+// 1 / hidden, passed to fwd_slices: its rows' mean and variance take a
+// multiplication by it instead of an IEEE division (a dozen instructions and
+// a branch each, in every thread and row).
+inline float inv_hidden(const FwdArgs& a) { return 1.f / static_cast<float>(a.shape.hidden); }
+
 template <NormKind K, Quant Q, class T, int VEC, bool XQ>
 bool two_pass_fits(const FwdArgs& a, int64_t nvec, int64_t cta_vecs) {
   if constexpr (!two_pass_quant<K, Q>() || XQ || sizeof(T) * VEC != 16) {
@@ -2427,7 +2446,7 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
     JRN_RETURN_IF_ERROR(co_resident_clusters(kernel, dim3(tpr), smem, cluster, &resident));
     const int64_t used = std::max<int64_t>(1, std::min<int64_t>(a.shape.rows, resident));
     return launch_clustered(kernel, dim3(static_cast<unsigned>(used * cluster)), dim3(tpr), smem, stream, cluster,
-                            "fwd_slices", a, used, cluster);
+                            "fwd_slices", a, used, cluster, inv_hidden(a));
   }
 }
 
