@@ -449,6 +449,44 @@ def test_fp8_rowwise_params_many_rows(params, shape, platform):
     _check_fp8_params("layer", params, "row", shape, platform)
 
 
+# The per-tensor and per-group FP8 outputs where a GPU CTA of one warp takes
+# the row (bf16 x, hidden 1024: RMSNorm's gamma, LayerNorm's gamma and beta
+# held in registers across rows), with parameters other than the common
+# case and rows enough for several a CTA.
+@pytest.mark.parametrize("params", ["zero_centered", "none"])
+@pytest.mark.parametrize("quant", ["tensor", "group"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_one_warp_params_many_rows(kind, quant, params, platform):
+    _check_fp8_params(kind, params, quant, (10000, 1024), platform)
+
+
+# The same CTAs with each example's own parameters under vmap: 3 x 3000
+# rows, so a CTA's rows cross from one example's parameters to the next and
+# it loads the held ones again; each example against the float64 reference.
+@pytest.mark.parametrize("quant", ["tensor", "group"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_fp8_one_warp_per_example_params(kind, quant, platform):
+    key = case_key(("onewarp", kind, quant))
+    xs = random(key, (3, 3000, 1024), jnp.bfloat16, scale=2.0, offset=0.5)
+    gs = random(key + 1, (3, 1024), jnp.bfloat16, scale=0.5, offset=1.0)
+    bs = random(key + 2, (3, 1024), jnp.bfloat16, scale=0.5) if kind == "layer" else None
+    f = _fp8_fn(kind, quant, out_dtype=E4M3, **(dict(group_size=128) if quant == "group" else {}))
+    scale = np.float32(37.5)
+    kw = dict(scale=scale) if quant == "tensor" else {}
+    x_, g_, b_ = put(platform, xs, gs, bs)
+    poison(platform, 8 * xs.size + 1024)
+    if kind == "rms":
+        got = jax.jit(jax.vmap(lambda x, g: f(x, g, None, **kw)))(x_, g_)
+    else:
+        got = jax.jit(jax.vmap(lambda x, g, b: f(x, g, b, **kw)))(x_, g_, b_)
+    for i in range(3):
+        _check_fp8_outputs(kind, quant, np.asarray(xs[i]), gs[i], None if bs is None else bs[i],
+                           (got[0][i], got[1][i]), E4M3, f"{kind} {quant} example {i}",
+                           scale=scale if quant == "tensor" else None, group=128)
+
+
 # Per row with float32 gamma (and beta) for bf16 x where the kernel that holds
 # y (LayerNorm) or x * gamma (RMSNorm) runs its instance held to fewer
 # registers (row_cap_fits): CTAs of 352 and 384 threads, one a row with

@@ -1124,6 +1124,12 @@ constexpr bool kSliceOneCtaGroup =
 template <NormKind K, Quant Q, class T>
 constexpr bool kSliceQuantWarp =
     sizeof(T) == 2 && (Q == Quant::kGroup || (K == NormKind::kRms && Q == Quant::kTensor));
+// Those RMSNorm instances hold gamma (ONE_CTA) where the CTA is that one
+// warp: there the 32 CTAs an SM bind before registers do (ONE_CTA's 64
+// leave 32 one-warp CTAs), so no occupancy is lost, and no gamma load sits
+// on a pack's path. Wider CTAs keep gamma unheld (see kSliceOneCta).
+template <NormKind K, Quant Q, class T, class P, int VEC>
+constexpr bool kSliceOneCtaWarp = K == NormKind::kRms && kSliceQuantWarp<K, Q, T> && sizeof(P) * VEC == 16;
 
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
@@ -1367,8 +1373,10 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
   using Vec = Pack<T, VEC>;
   static_assert(sizeof(Vec) == 16, "fwd_slices moves 16-byte packs");
   static_assert(!ONE_CTA || kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaPlain<K, Q, P, VEC> ||
-                    kSliceOneCtaGroup<K, Q, T, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>),
-                "fwd_slices: ONE_CTA is LayerNorm's per-tensor, per-group or per-row FP8 or plain forward");
+                    kSliceOneCtaGroup<K, Q, T, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>) ||
+                    (!HOLD_Y && kSliceOneCtaWarp<K, Q, T, P, VEC>),
+                "fwd_slices: ONE_CTA is LayerNorm's per-tensor, per-group or per-row FP8 or plain forward, or "
+                "RMSNorm's per-tensor or per-group FP8 in one-warp CTAs");
   // LayerNorm's per row with its parameters held (ONE_CTA) keeps the pending
   // row's y as floats in shared memory after the two stages, not in the 32
   // registers the held parameters take: each thread writes and reads only
@@ -2395,6 +2403,9 @@ ffi::Error launch_fwd_slices(cudaStream_t stream, const FwdArgs& a, int64_t nvec
       auto kernel = fwd_slices<K, Q, T, P, VEC, W>;
       if constexpr (kSliceOneCta<K, Q, P, VEC> || kSliceOneCtaGroup<K, Q, T, P, VEC>) {
         if (cluster == 1) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
+      }
+      if constexpr (kSliceOneCtaWarp<K, Q, T, P, VEC>) {
+        if (cluster == 1 && tpr == 32) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
       }
       if constexpr (kSliceOneCtaPlain<K, Q, P, VEC> && sizeof(T) == 2) {
         if (cluster == 1 && tpr > kBlockThreads) kernel = fwd_slices<K, Q, T, P, VEC, W, true>;
