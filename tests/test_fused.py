@@ -449,12 +449,12 @@ def test_fp8_rowwise_params_many_rows(params, shape, platform):
     _check_fp8_params("layer", params, "row", shape, platform)
 
 
-# The per-tensor and per-group FP8 outputs where a GPU CTA of one warp takes
-# the row (bf16 x, hidden 1024: RMSNorm's gamma, LayerNorm's gamma and beta
-# held in registers across rows), with parameters other than the common
-# case and rows enough for several a CTA.
+# The per-tensor, per-row and per-group FP8 outputs where a GPU CTA of one
+# warp takes the row (bf16 x, hidden 1024: RMSNorm's gamma, LayerNorm's gamma
+# and beta held in registers across rows), with parameters other than the
+# common case and rows enough for several a CTA.
 @pytest.mark.parametrize("params", ["zero_centered", "none"])
-@pytest.mark.parametrize("quant", ["tensor", "group"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_fp8_one_warp_params_many_rows(kind, quant, params, platform):
@@ -464,7 +464,7 @@ def test_fp8_one_warp_params_many_rows(kind, quant, params, platform):
 # The same CTAs with each example's own parameters under vmap: 3 x 3000
 # rows, so a CTA's rows cross from one example's parameters to the next and
 # it loads the held ones again; each example against the float64 reference.
-@pytest.mark.parametrize("quant", ["tensor", "group"])
+@pytest.mark.parametrize("quant", ["tensor", "row", "group"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_fp8_one_warp_per_example_params(kind, quant, platform):

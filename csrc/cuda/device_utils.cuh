@@ -829,6 +829,19 @@ __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (
   add_sq_scaled_max<N, W>(acc, v, gamma, col, zero_centered, scaled);
 }
 
+// The same from a held pack of gamma (has_gamma: it is given).
+template <int N, class P>
+__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const Pack<P, N>& gamma,
+                                                  bool has_gamma, bool zero_centered) {
+  float s[N];
+  effective_scale<N>(has_gamma, zero_centered, [&](float (&g)[N]) { unpack(gamma, g); }, s);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    acc[0] += v[j] * v[j];
+    acc[1] = max_abs(acc[1], v[j] * s[j]);
+  }
+}
+
 // LayerNorm's mean and m2 = sum((v - mean)^2) from the whole row's
 // add_shifted_sums<2>, given m1, the mean of v - shift.
 __device__ __forceinline__ float2 shifted_mean_m2_of(const float (&acc)[2], float shift, float m1) {

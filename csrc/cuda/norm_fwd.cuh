@@ -1128,8 +1128,20 @@ constexpr bool kSliceQuantWarp =
 // warp: there the 32 CTAs an SM bind before registers do (ONE_CTA's 64
 // leave 32 one-warp CTAs), so no occupancy is lost, and no gamma load sits
 // on a pack's path. Wider CTAs keep gamma unheld (see kSliceOneCta).
+// Same-call A/B on an H200, 131072x1024, us, three rounds, unheld -> held:
+// bf16 per tensor 126.0 / 121.8 / 124.5 -> 117.4 / 117.6 / 117.6, per group
+// 131.2 / 132.2 / 131.4 -> 115.3 / 115.6 / 116.3; float16 per tensor 125.2
+// / 124.1 / 125.9 -> 113.0 / 115.7 / 116.1, per group 131.0 / 131.2 / 132.1
+// -> 112.5 / 116.0 / 114.5 (RESULTS.md 6zk). RMSNorm's per row of 16-bit x
+// too, at exactly one warp's packs (hidden 1024; its sums pass reads the
+// held gamma for the row's max): it takes these CTAs instead of fwd_regs'
+// P32 instance (p32_row_threads). One build with a knob, H200, 131072x1024,
+// us, three rounds, P32 -> held: bf16 129.4 / 127.9 / 128.1 -> 112.4 / 113.0
+// / 115.1, float16 126.1 / 128.9 / 127.8 -> 113.2 / 111.3 / 112.1 (RESULTS.md
+// 6zl; unheld in these CTAs it had lost to P32, 6zf).
 template <NormKind K, Quant Q, class T, class P, int VEC>
-constexpr bool kSliceOneCtaWarp = K == NormKind::kRms && kSliceQuantWarp<K, Q, T> && sizeof(P) * VEC == 16;
+constexpr bool kSliceOneCtaWarp =
+    K == NormKind::kRms && (kSliceQuantWarp<K, Q, T> || (Q == Quant::kRow && sizeof(T) == 2)) && sizeof(P) * VEC == 16;
 
 // LayerNorm's per-row FP8 of 16-bit x holds the row's y between its two
 // passes (the row's max, then the quantization) instead of normalizing each
@@ -1376,12 +1388,12 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
                     kSliceOneCtaGroup<K, Q, T, P, VEC> || (HOLD_Y && kSliceOneCtaRow<K, Q, P, VEC>) ||
                     (!HOLD_Y && kSliceOneCtaWarp<K, Q, T, P, VEC>),
                 "fwd_slices: ONE_CTA is LayerNorm's per-tensor, per-group or per-row FP8 or plain forward, or "
-                "RMSNorm's per-tensor or per-group FP8 in one-warp CTAs");
+                "RMSNorm's per-tensor, per-row or per-group FP8 in one-warp CTAs");
   // LayerNorm's per row with its parameters held (ONE_CTA) keeps the pending
   // row's y as floats in shared memory after the two stages, not in the 32
   // registers the held parameters take: each thread writes and reads only
   // its own packs, so no barrier orders them (kSliceYSmemThreads).
-  constexpr bool kYSmem = ONE_CTA && Q == Quant::kRow;
+  constexpr bool kYSmem = ONE_CTA && Q == Quant::kRow && K == NormKind::kLayer;
   static_assert(!REFILL_AT_END || (!ONE_CTA && (kSliceRefillAtEnd<K, Q> || (HOLD_Y && K == NormKind::kRms))),
                 "fwd_slices: REFILL_AT_END is for clusters");
   static_assert(!STAGED_PARAMS || (REFILL_AT_END && (kSliceStagedParams<K, Q, P, VEC> || kSliceStagedP32<K, Q, T, P> ||
@@ -1626,6 +1638,9 @@ __global__ void __launch_bounds__(kSliceThreads, STAGED_PARAMS ? 1 : ONE_CTA || 
         read(st, i, v);
         if constexpr (kRowMaxFirst && HOLD_Y) {  // RMSNorm: no shift; x * scale held
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
+        } else if constexpr (kRowMaxFirst && ONE_CTA) {  // gamma held
+          const Pack<P, VEC> gp = held_gamma[i];      // by value: no address taken of the array
+          add_sq_scaled_max<VEC>(acc, v, gp, gamma != nullptr, a.zero_centered);
         } else if constexpr (kRowMaxFirst) {
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered);
         } else if constexpr (HOLD_Y && K == NormKind::kRms) {  // per group: x * scale held
@@ -2278,7 +2293,9 @@ bool slices_fit(const FwdArgs& a, int64_t nvec, bool regs_ok) {
   } else {
     constexpr int64_t kCtaVecs = kRegsCtaVecs<Q>;
     const int64_t min_vecs =
-        kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> || kSliceQuantWarp<K, Q, T> ? kSliceOneCtaMinVecs
+        kSliceOneCta<K, Q, P, VEC> || kSliceRowLnWarp<K, Q, T> || kSliceQuantWarp<K, Q, T> ||
+                (kSliceOneCtaWarp<K, Q, T, P, VEC> && Q == Quant::kRow)
+            ? kSliceOneCtaMinVecs
         : Q == Quant::kTensor || Q == Quant::kRow || (K == NormKind::kRms && Q == Quant::kGroup) ? kSliceMinVecs
         : Q == Quant::kNone && plain_slices<K, T, P>(a, nvec) ? 1
                                                                : kCtaVecs + 1;
@@ -2511,6 +2528,7 @@ int p32_row_threads(const FwdArgs& a, int64_t nvec) {
   if (a.residual || a.given_stats) return 0;
   const int tpr = row_threads(nvec, kRegItems);
   if constexpr (kP32LayerParams<K, Q, T, P, VEC, XQ>) return tpr == kP32Threads || tpr == kP32RowThreads ? tpr : 0;
+  if (nvec == kSliceOneCtaMinVecs && has_clusters()) return 0;  // fwd_slices' one-warp CTAs (kSliceOneCtaWarp)
   return tpr >= 16 && tpr <= kP32RowThreads ? tpr : 0;  // kP32RmsRow
 }
 
