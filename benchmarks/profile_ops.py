@@ -32,6 +32,11 @@ import jax_rmsnorm as jrn
 from bench_norm import jnp_layer, jnp_rms
 
 
+def fp8_in(x):
+    """(q, x_scale): x's e4m3 codes and a scale of one per group of 128."""
+    return x.astype(jnp.float8_e4m3fn), jnp.ones(x.shape[:-1] + (x.shape[-1] // 128,), jnp.float32)
+
+
 def ops(x, g, b, dy):
     r = jnp.float32(0.5)
     return {
@@ -54,6 +59,10 @@ def ops(x, g, b, dy):
         "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32
         "add_ln_h32": lambda: jrn.add_layer_norm(x, dy, g, b, h_dtype=jnp.float32),
         "rms_stats": lambda: jrn.rms_norm_stats(x),
+        # FP8 x with a scale per group of 128 columns (made in the same program, by XLA's own kernels)
+        "fp8in_rms": lambda: jrn.rms_norm(fp8_in(x)[0], g, x_scale=fp8_in(x)[1], group_size=128, dtype=x.dtype),
+        "fp8in_ln": lambda: jrn.layer_norm(fp8_in(x)[0], g, b, x_scale=fp8_in(x)[1], group_size=128,
+                                           dtype=x.dtype),
         "xla_rms_fwd": lambda: jnp_rms(x, g),  # XLA's fusion of the jnp norm
         "xla_ln_fwd": lambda: jnp_layer(x, g, b),
         "xla_add_rms": lambda: (jnp_rms(x + dy, g), x + dy),  # the residual add's composition: (y, h)
