@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "norm_types.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__CUDACC__)
@@ -17,20 +18,6 @@
 namespace jrn {
 
 namespace ffi = xla::ffi;
-
-enum class NormKind { kRms, kLayer };
-
-// Per-row gradient sums a backward needs of the whole row, written by the
-// gradient statistics and read back as given coefficients (BwdArgs::coef)
-// when the hidden dim is split across devices: mean(gdy * xhat) for both
-// norms, and mean(gdy) for LayerNorm alone.
-constexpr int grad_sums_per_row(NormKind k) { return k == NormKind::kLayer ? 2 : 1; }
-
-// FP8 output of the fused forward (norm_fused.h): none, one scale per tensor
-// (given; amax returned), per row or per group of columns (computed), or one
-// per tensor computed from the tensor's own amax (current scaling).
-enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent };
-enum class Fp8 { kE4M3, kE5M2 };
 
 // A normalization problem: `rows` rows of `hidden` elements. The parameters
 // (gamma, beta) have `groups` rows; row r uses parameter row r / (rows / groups).

@@ -61,6 +61,75 @@ def cuda_built() -> bool:
     return _jax_rmsnorm_cuda is not None
 
 
+# Devices whose launch plans tests/test_plan.py pins: an H100 (132 SMs,
+# compute capability 9.0) and an A100 (108 SMs, 8.0). An H200 plans as an H100.
+PLAN_DEVICES = {
+    "h100": dict(sms=132, cc_major=9, cc_minor=0, smem_optin=232448),
+    "a100": dict(sms=108, cc_major=8, cc_minor=0, smem_optin=166912),
+}
+
+
+def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", param_dtype=None, **options) -> str:
+    """Which CUDA kernel, in which configuration, takes a normalization (a debugging aid).
+
+    ``direction`` is ``"fwd"`` or ``"bwd"``, ``kind`` ``"rms"`` or ``"layer"``;
+    ``shape`` is x's shape (normalized over its last axis), ``dtype`` x's dtype
+    (float32, bfloat16 or float16; for FP8 x, y's), ``param_dtype`` gamma's
+    (default x's). ``device`` names one of ``PLAN_DEVICES`` or is a dict of the
+    same fields. Forward options: ``gamma``, ``beta``, ``zero_centered``,
+    ``groups`` (parameter groups, from vmap), ``residual`` with ``residual_f32``
+    and ``h_f32``, ``quant`` (``"none"``, ``"tensor"``, ``"row"``, ``"group"``,
+    ``"current"``) with ``group_size``, ``tensors`` and ``qt`` (current
+    scaling's transposed copy), ``fp8_x`` with ``x_group``, ``given_stats``,
+    ``aligned`` (all buffers 16-byte aligned; XLA's always are). Backward
+    options: ``gamma``, ``param_outputs`` (dgamma and dbeta wanted), ``groups``,
+    ``coef`` (the hidden dim split across devices), ``dh``, ``aligned``; the
+    workspace is sized as the primitives size it.
+
+    Returns one line: the kernel and its configuration, the launch's geometry
+    (``ctas=resident`` for persistent kernels, whose grid is the GPU's
+    occupancy), and ``rule=``, the entry of docs/tuning.md that says why.
+    The plans are plain C++ (csrc/plan), so this works on any machine.
+    """
+    import numpy as np
+
+    names = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
+    def dtype_name(d):
+        d = np.dtype(d)
+        return names.get(d, "bfloat16" if d.name == "bfloat16" else str(d))
+
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise ValueError("shape must have rank >= 1")
+    hidden = shape[-1]
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    dev = PLAN_DEVICES[device] if isinstance(device, str) else dict(device)
+    problem = dict(kind=kind, dtype=dtype_name(dtype), rows=rows, hidden=hidden, **options)
+    if param_dtype is not None:
+        problem["param_dtype"] = dtype_name(param_dtype)
+    if direction == "fwd":
+        return _jax_rmsnorm_cpu.describe_fwd_plan(problem, dev)
+    groups = int(problem.get("groups", 1))
+    outputs = int(problem.setdefault("param_outputs", 1 if kind == "rms" else 2))
+    problem.setdefault("slots", cuda_slots(rows // max(groups, 1), hidden, outputs))
+    return _jax_rmsnorm_cpu.describe_bwd_plan(problem, dev)
+
+
+def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
+    """Rows of float32 partial dgamma/dbeta sums the CUDA backward's workspace
+    gets per parameter group (0: none; the plan's workspace_slots)."""
+    return _jax_rmsnorm_cpu.bwd_workspace_slots(int(rows_per_group), int(hidden), int(param_outputs))
+
+
+def plan_limits() -> dict:
+    """The launch plans' thresholds (csrc/plan/plan.h) that tests probe on both sides."""
+    return dict(_jax_rmsnorm_cpu.plan_limits())
+
+
 def export_checks() -> list:
     """The safety checks ``jax.export`` must skip for these custom calls.
 

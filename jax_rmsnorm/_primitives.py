@@ -501,22 +501,6 @@ def _batch_front(prim, args, dims, roles, params):
 norm_bwd_p = Primitive("jax_rmsnorm_bwd")
 norm_bwd_p.multiple_results = True
 
-# Budget for the CUDA backward's float32 dgamma/dbeta partial sums ("slots",
-# one row of partials each), per parameter group.
-_SLOT_FLOATS = 1 << 24
-_MAX_SLOTS = 4096
-# Groups of at most _COLUMN_ROWS rows and _COLUMN_ELEMS elements get no
-# slots: dgamma/dbeta are summed straight from x and dy (by bwd_decode's
-# column CTAs at up to 192 rows of whole packs, else by a second kernel,
-# bwd_columns), which the dx kernel reads too, so that L2 (8 MB each at
-# 512 x 8192 in bf16) serves one of the two reads (the column CTAs and, on
-# compute capability 9.0 and newer, bwd_columns run beside the dx work).
-# Larger groups would read them from DRAM a second time: 512 x 262144
-# RMSNorm backward took 640 us that way on an H100, against 458 with slots.
-_COLUMN_ROWS = 512
-_COLUMN_ELEMS = 512 * 8192
-
-
 def norm_bwd(dy, x, mean, rstd, gamma, beta, *, kind, zero_centered_gamma, has_gamma, has_beta,
              coef=None, dh=None):
     """Binds the backward primitive; returns ``(dx, dgamma, dbeta)`` (``dbeta`` None for RMS).
@@ -547,16 +531,6 @@ def _bwd_abstract(dy, x, *rest, kind, has_coef, has_dh, **_):
     return [_like(x, vma)] + [_like(p, vma) for p in ps]
 
 
-def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
-    """How many partial-sum rows the CUDA backward gets for dgamma/dbeta (0: none)."""
-    if param_outputs == 0 or hidden == 0:
-        return 0
-    if rows_per_group <= _COLUMN_ROWS and rows_per_group * hidden <= _COLUMN_ELEMS:
-        return 0  # summed from x and dy: bwd_decode's column CTAs or bwd_columns
-    slots = max(1, min(_SLOT_FLOATS // (param_outputs * hidden), _MAX_SLOTS))
-    return max(1, min(slots, rows_per_group))
-
-
 def _bwd_local(st, dy, x, *rest):
     """The backward on one device's arrays; ``coef`` or ``dh`` (if any) is the last operand."""
     n_stats = 1 if st.kind == RMS else 2
@@ -572,7 +546,7 @@ def _bwd_local(st, dy, x, *rest):
         shaped = ps[0] if st.has_gamma or st.kind == RMS else ps[1]
         groups = math.prod(shaped.shape[:-1])
         rows = math.prod(x.shape[:-1])
-        n_floats = groups * outputs * hidden * cuda_slots(rows // max(groups, 1), hidden, outputs)
+        n_floats = groups * outputs * hidden * _ffi.cuda_slots(rows // max(groups, 1), hidden, outputs)
     attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta

@@ -119,38 +119,62 @@ FP8_ATOL = {np.dtype(jnp.float8_e4m3fn): 2.0 ** -9, np.dtype(jnp.float8_e5m2): 2
 MIN_SCALE = 1e-12
 
 
+def _sms():
+    return getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
+
+
 def decode_bounds():
     """(rows, packs of 16 bytes) on both sides of the GPU forward's decode-time
-    bounds (fwd_decode): 2 x SMs rows; rows of 2048 packs; the variant of
-    four packs a thread (more than SMs rows of more than 1024 packs);
-    LayerNorm's plain rows split into parts at up to a quarter of the SMs
-    (four parts of 37 packs: 9, 9, 9 and 10), RMSNorm's from CTAs of 512
-    threads (rows of 513 packs; 512 stay whole); RMSNorm's rows with the
-    residual add of at most 1024 packs, one a thread (1024, 1025); and 1001
-    elements, which are not whole packs and so not the kernel's."""
-    sms = getattr(jax.devices()[0], "core_count", 132) if jax.default_backend() == "gpu" else 132
-    return [(2 * sms, 2048), (2 * sms + 1, 2048), (2, 2048 + 8), (3, 1001), (sms + 1, 1025),
-            (1, 37), (sms // 4, 37), (sms // 4, 2048), (4, 512), (4, 513), (4, 1024), (4, 1025)]
+    bounds (fwd_decode), read from the plan's limits: 2 x SMs rows; rows of
+    kDecodeItems x kMaxRowThreads packs; the configuration of four packs a
+    thread (more than SMs rows of more than kDecodeItems x kDecodeWideThreads
+    packs); LayerNorm's plain rows split into parts at up to a quarter of the
+    SMs (four parts of 37 packs: 9, 9, 9 and 10), RMSNorm's from CTAs of
+    kDecodeSplitMinThreads threads; RMSNorm's rows with the residual add of
+    at most kMaxRowThreads packs, one a thread; and 1001 elements, which are
+    not whole packs and so not the kernel's."""
+    from jax_rmsnorm._ffi import plan_limits
+    lim, sms = plan_limits(), _sms()
+    most = lim["fwd_decode_items"] * lim["fwd_max_row_threads"]
+    wide = lim["fwd_decode_items"] * lim["fwd_decode_wide_threads"]
+    split = lim["fwd_decode_items"] * lim["fwd_decode_split_min_threads"] // 2
+    one = lim["fwd_max_row_threads"]
+    return [(2 * sms, most), (2 * sms + 1, most), (2, most + 8), (3, 1001), (sms + 1, wide + 1),
+            (1, 37), (sms // 4, 37), (sms // 4, most), (4, split), (4, split + 1), (4, one), (4, one + 1)]
 
 
 def bwd_decode_bounds():
     """(rows, packs of 16 bytes) on both sides of the GPU backward's
-    decode-time bounds (bwd_decode): 192 rows, 128 of at most 128 packs; rows
-    of 2048 packs; one pack a thread up to 512 packs, two above; one row
-    (dgamma/dbeta written by the dx kernel itself) and a row of one pack (one
-    warp, 31 threads idle). At more than one row further CTAs of the launch
-    sum dgamma/dbeta by columns, in CTAs of as many threads as the rows' (a
-    warp at two rows of one pack; 37 rows over 16 rows of threads, 100 packs
-    over tiles of 8). Rows of more than 1024 packs, on a GPU of 132 SMs: CTAs
-    of 1024 threads with tiles of 16 rows of threads up to 100 rows of 2048
-    packs (up to 115 of 1025), then four packs a thread in CTAs of 512 with
-    tiles of 32 rows of threads up to 136 rows, of 16 above (120x1025: a
-    thread's third pack only in the first thread, its fourth in none). Up to
-    8 rows of at least 1024 packs: each row split across a cluster of 8 CTAs
-    (1025: the fifth CTA takes one pack, the last three none)."""
-    return [(1, 1), (1, 512), (1, 513), (1, 2048), (1, 2049), (2, 1), (37, 100), (128, 512), (129, 128),
-            (129, 512), (128, 2048), (96, 2048), (100, 2048), (101, 2048), (136, 2048), (137, 2048), (120, 1025),
-            (192, 129), (193, 129), (192, 2048), (1, 1023), (1, 1024), (2, 1025), (8, 2048), (9, 2048), (8, 1024)]
+    decode-time bounds (bwd_decode), read from the plan's limits: kDecodeMaxRows
+    rows, kDecodeNarrowMaxRows of at most kDecodeNarrowPacks packs; rows of
+    kDecodeMaxPacks packs; one pack a thread up to kDecodeOneItemPacks, two
+    above; one row (dgamma/dbeta written by the dx kernel itself) and a row of
+    one pack (one warp, 31 threads idle). At more than one row further CTAs of
+    the launch sum dgamma/dbeta by columns, in CTAs of as many threads as the
+    rows' (a warp at two rows of one pack; 37 rows over 16 rows of threads,
+    100 packs over tiles of 8). Rows of more than kDecodeMaxThreads packs:
+    CTAs of kDecodeMaxThreads threads with tiles of 16 rows of threads while
+    rows and tiles fit one wave, then four packs a thread in CTAs of half as
+    many with tiles of 32 rows of threads while they fit two, of 16 above
+    (120 x 1025: a thread's third pack only in the first thread, its fourth in
+    none). Up to kDecodePartsMaxRows rows of at least kDecodePartsPacks packs:
+    each row split across a cluster of kDecodeParts CTAs (1025: the fifth CTA
+    takes one pack, the last three none)."""
+    from jax_rmsnorm._ffi import plan_limits
+    lim, sms = plan_limits(), _sms()
+    rows, narrow_rows, narrow = lim["bwd_decode_max_rows"], lim["bwd_decode_narrow_max_rows"], lim["bwd_decode_narrow_packs"]
+    most, one, threads = lim["bwd_decode_max_packs"], lim["bwd_decode_one_item_packs"], lim["bwd_decode_max_threads"]
+    part_rows, part_packs = lim["bwd_decode_parts_max_rows"], lim["bwd_decode_parts_packs"]
+    # The last row counts of kDecodeMaxPacks packs whose rows and column tiles
+    # fit one wave of CTAs of kDecodeMaxThreads (tiles of 16 rows of threads),
+    # then two waves of CTAs of half as many (tiles of 32).
+    wave1 = sms - -(-most // (threads // 16))
+    wave2 = 2 * sms - -(-most // (threads // 2 // 32))
+    return [(1, 1), (1, one), (1, one + 1), (1, most), (1, most + 1), (2, 1), (37, 100), (narrow_rows, one),
+            (narrow_rows + 1, narrow), (narrow_rows + 1, one), (narrow_rows, most), (wave1 - 4, most), (wave1, most),
+            (wave1 + 1, most), (wave2, most), (wave2 + 1, most), (120, threads + 1), (rows, narrow + 1),
+            (rows + 1, narrow + 1), (rows, most), (1, threads - 1), (1, threads), (2, threads + 1),
+            (part_rows, most), (part_rows + 1, most), (part_rows, part_packs)]
 
 
 def decode_hidden(packs, dtype):

@@ -358,7 +358,7 @@ def test_rows_of_unlike_scales(kind, shape, platform):
 
 
 # The CUDA backward sums dgamma/dbeta one of two ways: small groups (at most
-# _COLUMN_ROWS rows and _COLUMN_ELEMS elements) in a column kernel straight
+# plan_limits()'s column_rows rows and column_elems elements) in a column kernel straight
 # from x and dy, larger ones through per-slot partial rows. Each shape here
 # runs both ways, one kernel family per shape (registers, staged slices, a
 # cluster, streamed, unaligned), with row counts that leave the column
@@ -371,9 +371,13 @@ BOTH_PATHS = [(300, 1024), (300, 8192), (100, 65536), (20, 262144), (40, 40001),
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
-    from jax_rmsnorm import _primitives
-    monkeypatch.setattr(_primitives, "_COLUMN_ROWS", 1 << 30 if path == "columns" else 0)
-    monkeypatch.setattr(_primitives, "_COLUMN_ELEMS", 1 << 62 if path == "columns" else 0)
+    from jax_rmsnorm import _ffi
+    slots = _ffi.cuda_slots
+    # Columns: no workspace; slots: the workspace of a group too large for
+    # the columns (the plan's slot count for more rows, cut to these).
+    forced = (lambda r, h, o: 0) if path == "columns" else (
+        lambda r, h, o: min(slots(1 << 20, h, o), max(r, 1)) if o else 0)
+    monkeypatch.setattr(_ffi, "cuda_slots", forced)
     jax.clear_caches()
     try:
         for dtype, zc in ((jnp.bfloat16, False), (jnp.float32, True)):
@@ -386,7 +390,7 @@ def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
 def test_dgamma_path_choice():
     # Decode-time groups take the column kernel; a group as large as L2 or
     # larger takes slots (512 x 262144 read x and dy twice from DRAM).
-    from jax_rmsnorm._primitives import cuda_slots
+    from jax_rmsnorm._ffi import cuda_slots
     assert cuda_slots(16, 4096, 1) == 0
     assert cuda_slots(512, 8192, 2) == 0
     assert cuda_slots(512, 262144, 1) > 0

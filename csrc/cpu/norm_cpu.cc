@@ -6,6 +6,7 @@
 #include "../dist_handlers.h"
 #include "../norm_fused.h"
 #include "norm_cpu.h"
+#include "../plan/describe_py.h"
 
 // The CPU handlers take XLA's intra-op thread pool (see run_chunks).
 #define JRN_COMMA ,
@@ -16,6 +17,8 @@ JRN_DEFINE_DIST_HANDLERS(Cpu, ::jrn::cpu::CpuBackend, ::xla::ffi::Ffi::Bind().Ct
 JRN_DEFINE_FUSED_HANDLERS(Cpu, ::jrn::cpu::CpuBackend, ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::ThreadPool>(),
                           ::xla::ffi::ThreadPool pool JRN_COMMA, pool JRN_COMMA);
 
-// cpu_isa(): the instruction set the row loops run in (see with_isa).
+// cpu_isa(): the instruction set the row loops run in (see with_isa);
+// describe_*_plan: the CUDA launch plans (csrc/plan), printable anywhere.
 JRN_NB_MODULE(_jax_rmsnorm_cpu, Cpu,
-              m.def("cpu_isa", [] { return ::jrn::cpu::kIsaNames[static_cast<int>(::jrn::cpu::active_isa())]; });)
+              m.def("cpu_isa", [] { return ::jrn::cpu::kIsaNames[static_cast<int>(::jrn::cpu::active_isa())]; });
+              ::jrn::plan::bind_describe(m);)

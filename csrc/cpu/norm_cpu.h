@@ -165,13 +165,9 @@ inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 // is compiled with -ffp-contract=off (no fused multiply-adds formed), so both
 // give bit-identical results (tests/test_cpu_isa.py). The environment
 // variable JAX_RMSNORM_CPU_ISA=baseline keeps the baseline; the Python package
-// checks its value before this reads it. On the 2-core AMD EPYC VM of CI
-// (noisy; median of three runs of bench_norm.py, us, baseline -> AVX2): bf16
-// RMSNorm forward 4096x1024 1485 -> 1138, backward 2761 -> 1539, LayerNorm
-// forward 1024x4096 2659 -> 1340; float32 RMSNorm forward 4096x1024 2153 ->
-// 2006, LayerNorm backward 4291 -> 3135; every cell faster (RESULTS.md 8b).
-// An AVX-512 version ran level with AVX2 there (faster in half the cells of
-// a one-off comparison) and was not kept.
+// checks its value before this reads it. AVX2 was faster in every cell
+// measured on CI's machine; an AVX-512 version ran level with it and was
+// not kept.
 enum class Isa : int { kBaseline = 0, kAvx2 = 1 };
 inline constexpr const char* kIsaNames[] = {"baseline", "avx2"};
 

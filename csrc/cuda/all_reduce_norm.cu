@@ -48,7 +48,13 @@
 #include <utility>
 #include <vector>
 
-#include "device_utils.cuh"
+#include "common/async_copy.cuh"
+#include "common/cluster.cuh"
+#include "common/fp8.cuh"
+#include "common/launch.cuh"
+#include "common/norm_math.cuh"
+#include "common/reduce.cuh"
+#include "common/vec_io.cuh"
 
 namespace jrn::cuda {
 namespace {
@@ -137,8 +143,8 @@ __device__ __forceinline__ void wait_for(Poll poll, const char* kernel, int rank
 // meets. Prior writes of the whole CTA are ordered before the flags: the
 // barrier orders them before thread t's release, and a release is
 // cumulative, so the peer that acquires the flag sees them. (A
-// __threadfence_system() before the release as well cost 3 us a call at
-// one row and 9% at 1024: RESULTS.md table 5.)
+// __threadfence_system() before the release as well is not needed, and
+// cost time: docs/tuning.md, all-reduce-meet.)
 __device__ void meet(const ArArgs& a, unsigned (Signals::*flags)[kMaxCtas][kMaxRanks], unsigned epoch) {
   __syncthreads();
   const int t = static_cast<int>(threadIdx.x);
@@ -479,19 +485,17 @@ ffi::Error setup_group(const std::vector<int>& ordinals, Group* out) {
 
 // Every CTA must be resident at once (they wait for their peers'), so the
 // grid is at most what fits the device, from the occupancy: two CTAs an SM
-// where they fit (rows of 8192 bf16: 256 threads) against one gave 0.706
-// against 0.722 ms on 4 H100s, 8192 x 8192 bf16 a device, from an input
-// (RESULTS.md table 5). Every device of a group is of one kind
-// (setup_group), so each gets the same grid.
+// where they fit (docs/tuning.md, all-reduce-grid). Every device of a group
+// is of one kind (setup_group), so each gets the same grid.
 template <class T, class P>
 ffi::Error launch(cudaStream_t stream, const ArArgs& a) {
   const int nvec = a.hidden / (16 / static_cast<int>(sizeof(T)));
   const int threads = std::max(32, pow2_ceil(ceil_div(nvec, kItems)));
   if (threads > kMaxThreads) return ffi::Error::InvalidArgument("jax_rmsnorm: all_reduce_rms_norm: hidden too large");
-  // The push kernel sends n - 1 copies of x from each device (the two-pass
+  // The push kernel sends n - 1 copies of x from each device (the two-pass-fits
   // kernel about two), so it takes calls of at most kPushBytes / (n - 1)
   // bytes a partial sum: at 8192 bf16 a row, up to 32 rows on 2 GPUs and 10
-  // on 4 (RESULTS.md table 5). JRN_AR_PUSH_BYTES (read once) sets that
+  // on 4 (docs/tuning.md, all-reduce-push). JRN_AR_PUSH_BYTES (read once) sets that
   // limit instead, at most kPushBytes (0: never).
   static const int64_t push_env = [] {
     const char* v = std::getenv("JRN_AR_PUSH_BYTES");

@@ -15,7 +15,13 @@
 // different banks.
 //
 // transpose1: any other shape, a byte at a time through a 64 x 64 tile.
-#include "device_utils.cuh"
+#include "common/async_copy.cuh"
+#include "common/cluster.cuh"
+#include "common/fp8.cuh"
+#include "common/launch.cuh"
+#include "common/norm_math.cuh"
+#include "common/reduce.cuh"
+#include "common/vec_io.cuh"
 #include "launch.h"
 
 namespace jrn::cuda {
@@ -79,11 +85,8 @@ __device__ __forceinline__ void store_transposed(const Tile& tile, uint8_t* out,
   }
 }
 
-// Words a store of the transposed rows: 4, 2 or 1 (rows % 16, 8 or 4 == 0),
-// or 0 where rows is no multiple of 4.
-inline int transposed_store_words(int64_t rows) {
-  return rows % 16 == 0 ? 4 : rows % 8 == 0 ? 2 : rows % 4 == 0 ? 1 : 0;
-}
+// Words a store of the transposed rows (plan.h).
+using plan::transposed_store_words;
 
 template <int S>
 __global__ void __launch_bounds__(kVThreads) transpose16(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols) {
@@ -245,12 +248,6 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
   }
   transpose1<<<grid, dim3(32, kTileRows), 0, stream>>>(src, dst, rows, cols);
   return check_launch("transpose1");
-}
-
-bool quantize_tiles_fit(const FwdArgs& a) {
-  const bool qt_fits = !a.qt || (transposed_store_words(a.rows_per_tensor()) > 0 && aligned16(a.qt));
-  return !a.residual && !a.x_fp8 && !a.given_stats && a.shape.hidden % 16 == 0 && aligned16(a.x) &&
-         aligned16(a.y) && params_aligned16(a) && qt_fits;
 }
 
 template <NormKind K, class T, class P>

@@ -1,7 +1,8 @@
 // The CUDA launchers, as the FFI handlers see them. Implemented in
-// norm_fwd.cuh / norm_bwd.cuh (instantiated in norm_fwd_{rms,layer}_*.cu and
-// norm_bwd_*.cu, one unit for each type of x) / norm_stats.cu for every
-// supported (normalization, element type, parameter type).
+// fwd/launch.cuh and bwd/launch.cuh (instantiated by units/fwd_{rms,layer}_*.cu
+// and units/bwd_*.cu, one unit for each type of x), norm_stats.cu and
+// fp8_transpose.cu, for every supported (normalization, element type,
+// parameter type).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,17 +38,14 @@ ffi::Error launch_transpose8(cudaStream_t stream, const void* in, void* out, int
                              int64_t cols);
 // Current scaling's quantizing pass from the statistics and scale_inv
 // (a.amax) of the passes before, writing q and, with a.qt, its transposed
-// copy in the same read of x (LayerNorm: with a.qt only); where
-// quantize_tiles_fit(a): no residual, float x, hidden (and with a.qt the rows
-// of a tensor) multiples of 16, 16-byte aligned buffers.
-bool quantize_tiles_fit(const FwdArgs& a);
+// copy in the same read of x, where plan::quantize_tiles_fit says so.
 template <NormKind K, class T, class P>
 ffi::Error launch_quantize_tiles(cudaStream_t stream, const FwdArgs& a);
 
 // Apply MACRO(K, T, P) to the instantiated combinations of normalization K
 // with x of one type T, one for each parameter type P it takes; the forward's
 // and backward's translation units instantiate one such group each
-// (csrc/cuda/norm_{fwd_rms,fwd_layer,bwd}_*.cu).
+// (csrc/cuda/units).
 #define JRN_FOR_EACH_F32_X(MACRO, K) MACRO(K, float, float)
 #define JRN_FOR_EACH_BF16_X(MACRO, K)    \
   MACRO(K, __nv_bfloat16, __nv_bfloat16) \

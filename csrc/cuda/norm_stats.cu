@@ -11,7 +11,13 @@
 //               a pack);
 //   x_quantize: q = y / scale_inv from those statistics.
 // A block is (threads per row, rows per block), as row_sum expects.
-#include "device_utils.cuh"
+#include "common/async_copy.cuh"
+#include "common/cluster.cuh"
+#include "common/fp8.cuh"
+#include "common/launch.cuh"
+#include "common/norm_math.cuh"
+#include "common/reduce.cuh"
+#include "common/vec_io.cuh"
 #include "launch.h"
 
 namespace jrn::cuda {
@@ -57,25 +63,12 @@ __device__ __forceinline__ void load_y(float (&v)[N], const T* x, int64_t col, f
 
 // Threads per row of the gradient statistics: a thread per kRowPacks packs of
 // the row, up to kThreads (x statistics: x_stats_threads below). Each thread
-// loads one pack (of x, and of dy) at a time. These kernels
-// only read, so what hides the loads' latency is many resident threads: with
-// one pack at a time (24-40 registers) an H100 holds 1536-2048 threads per
-// SM. Measured on an H100 at 32768 rows of bf16 (hidden 4096 / 8192), x
-// statistics took 98.4 / 188.2 us and gradient statistics 185.0 / 358.3 us
-// this way, against 112.1 / 207.2 and 206.1 / 403.9 us with a quarter of the
-// threads per row each loading four packs (two of x and two of dy at a time
-// for gradients), and 96.5 / 183.1 and 182.9 / 354.8 us for XLA's own fusions
-// of the same sums.
-//
-// The sums meet in the row's first thread only (row_sum_lead, one barrier),
-// and RMSNorm's x statistics sum one value, not two. On an H200 (32768 rows
-// of bf16, standalone back-to-back launches, old and new code in one run)
-// that took RMSNorm x statistics at hidden 2048 / 4096 / 8192 from 39.1 /
-// 79.4 / 132.2 to 36.9 / 69.1 / 127.5 us, LayerNorm's from 45.6 / 93.2 /
-// 142.1 to 44.8 / 84.9 / 138.1, and gradient statistics at 4096 from 126.6
-// to 123.8 (RMSNorm) and 142.5 to 134.9 us (LayerNorm). Loading a thread's
-// two packs together was slower there (74.8 us for x at 4096; 148-198 us for
-// gradients, whose registers rose from 32 to 45-80).
+// loads one pack (of x, and of dy) at a time. These kernels only read, so
+// what hides the loads' latency is many resident threads: with one pack at a
+// time (24-40 registers) an SM holds 1536-2048 threads (docs/tuning.md,
+// grad-stats-threads). The sums meet in the row's first thread only
+// (row_sum_lead, one barrier), and RMSNorm's x statistics sum one value,
+// not two (row-sum-lead).
 constexpr int kRowPacks = 2;
 inline int grad_stats_threads(int64_t nvec) {
   return static_cast<int>(std::min<int64_t>(kThreads, pow2_ceil(ceil_div(nvec, kRowPacks))));
@@ -266,13 +259,8 @@ __global__ void __launch_bounds__(kThreads) x_quantize(FwdArgs a) {
 // Threads per row of x statistics: about kXRowPacks packs a thread, so that
 // a warp or two sums a row of 2048-8192 bf16 and blocks carry several rows
 // (a warp a row at least, where the row has the packs); more where the rows
-// alone would not fill the GPU (kThreads a row at most).
-// On an H200 at 32768 rows of bf16 (standalone timing, us), hidden 1024 /
-// 2048 / 4096 / 8192 / 16384 took 19.5 / 35.1 / 66.2 / 126.1 / 242.4 this
-// way, against 21.0 / 36.9 / 68.8 / 126.7 / 242.3 with a thread per two
-// packs (the gradient statistics' rule, which suits them: their loads are
-// x and dy); 4096 x 65536 and 512 x 262144 keep kThreads (125.4 and 76.2,
-// against 131.0 and 119.2 with 128 threads a row).
+// alone would not fill the GPU (kThreads a row at most; docs/tuning.md,
+// x-stats-threads).
 constexpr int kXRowPacks = 16;
 inline int x_stats_threads(int64_t nvec, int64_t rows) {
   const int sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 1);

@@ -1,6 +1,6 @@
-// The backward's launchers for float32 x: norm_bwd.cuh instantiated for RMSNorm
-// and LayerNorm with each parameter type of that x (launch.h).
-#include "norm_bwd.cuh"
+// The backward for float32 x: bwd/launch.cuh instantiated for RMSNorm and
+// LayerNorm with each parameter type of that x (launch.h).
+#include "../bwd/launch.cuh"
 
 namespace jrn::cuda {
 JRN_FOR_EACH_F32_X(JRN_INSTANTIATE_BWD, ::jrn::NormKind::kRms)

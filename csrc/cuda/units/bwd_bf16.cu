@@ -1,6 +1,6 @@
-// The backward's launchers for bfloat16 x: norm_bwd.cuh instantiated for RMSNorm
-// and LayerNorm with each parameter type of that x (launch.h).
-#include "norm_bwd.cuh"
+// The backward for bfloat16 x: bwd/launch.cuh instantiated for RMSNorm and
+// LayerNorm with each parameter type of that x (launch.h).
+#include "../bwd/launch.cuh"
 
 namespace jrn::cuda {
 JRN_FOR_EACH_BF16_X(JRN_INSTANTIATE_BWD, ::jrn::NormKind::kRms)

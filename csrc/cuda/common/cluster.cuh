@@ -1,0 +1,142 @@
+// Sums over the CTAs of a thread block cluster (one row split across it):
+// pulled through distributed shared memory (cluster_sum) or pushed
+// (ClusterPush, for the persistent kernels).
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "async_copy.cuh"
+#include "reduce.cuh"
+
+namespace jrn::cuda {
+
+// ---- Reductions over the CTAs of a thread block cluster (one row split
+// across the cluster). Each CTA passes its row_sum result; every thread gets
+// the cluster-wide sum, added in rank order (the same in every CTA).
+// `xchg` is the caller's __shared__ float[2][M]; consecutive calls alternate
+// `parity`, so one cluster barrier per call suffices: a slot is rewritten only
+// after the next barrier, which every reader of the old value has passed.
+// Before exiting, a kernel must cluster-sync once more (cluster_done) so that
+// no CTA leaves while another still reads its shared memory. Kernels that
+// walk many rows per cluster (fwd_slices, bwd_slices) take ClusterPush below
+// instead; cluster_sum stays for those with one row per cluster, where the
+// push was not measured.
+
+
+template <int M, class Op = SumOp>
+__device__ __forceinline__ void cluster_sum(float (&v)[M], float (*xchg)[M], int parity, Op op = {}) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) xchg[parity][m] = v[m];
+  }
+  cluster.sync();
+  // Lane q reads rank q's partials; a butterfly over the warp adds them in the
+  // same order in every warp of every CTA.
+  const int lane = threadIdx.x % 32;
+  const float* remote = lane < static_cast<int>(cluster.num_blocks())
+                            ? cluster.map_shared_rank(&xchg[parity][0], lane)
+                            : nullptr;
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = remote ? remote[m] : 0.f;  // 0: identity of sum and max
+  warp_sum<M>(v, 32, op);
+#endif
+}
+
+
+// The same cluster-wide sum with the partials pushed instead of pulled:
+// each CTA stores its M partials into slot `rank` of every CTA's exchange
+// (st.async from lane q to rank q, which counts the bytes on the receiving
+// CTA's mbarrier), and each CTA's threads wait on their own mbarrier and read the
+// slots from their own shared memory. No cluster barrier a row and no remote
+// loads. `parity` alternates as for cluster_sum: a CTA pushes into buffer p
+// again only after the exchange of buffer p ^ 1, which takes every CTA's
+// push of it, and each CTA pushes after the CTA barrier of its row_sum,
+// which follows its threads' reads of the buffer. Every thread of the
+// cluster constructs it (it holds a cluster barrier, so that no push lands
+// before the mbarriers are initialized); a kernel using it ends with
+// cluster_done(), as with cluster_sum (docs/tuning.md, cluster-push).
+template <int M>
+struct ClusterPush {
+  float (*slots)[kMaxCluster][M];  // __shared__ float[2][kMaxCluster][M]
+  uint64_t* bars;                  // __shared__ uint64_t[2]
+  int size, rank;
+  unsigned phases = 0;  // bit p: the parity of buffer p's next phase
+
+  __device__ __forceinline__ ClusterPush(float (*s)[kMaxCluster][M], uint64_t* b, int cluster_size, int my_rank)
+      : slots(s), bars(b), size(cluster_size), rank(my_rank) {
+    if (size <= 1) return;
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      mbar_init(&bars[0]);
+      mbar_init(&bars[1]);
+    }
+    JRN_SM90(cooperative_groups::this_cluster().sync());
+  }
+  // The two halves of sum(), for callers that combine the slots their own
+  // way (LayerNorm's slice means in fwd_slices). push: this CTA's M partials
+  // to every CTA of the cluster.
+  __device__ __forceinline__ void push(const float (&v)[M], int parity) {
+#ifdef JRN_NO_CLUSTERS
+    __trap();
+#else
+    // Lane q of the first warp pushes to rank q in one store (M = 2: 8
+    // bytes; M = 4: 16, the slots aligned to 16 bytes).
+    static_assert(M == 1 || M == 2 || M == 4, "ClusterPush: one, two or four values a row");
+    if (threadIdx.y == 0 && threadIdx.x < size) {
+      if (threadIdx.x == 0) mbar_expect(&bars[parity], static_cast<unsigned>(size * M * sizeof(float)));
+      const int q = static_cast<int>(threadIdx.x);
+      unsigned rslot, rbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(smem_u32(&slots[parity][rank][0])), "r"(q));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(&bars[parity])), "r"(q));
+      if constexpr (M == 1) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(rbar) : "memory");
+      } else if constexpr (M == 2) {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");
+      } else {
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
+                     "r"(__float_as_uint(v[3])), "r"(rbar) : "memory");
+      }
+    }
+#endif
+  }
+  // take: waits for every CTA's push of buffer `parity`; lane q of each warp
+  // gets rank q's partials (0 for lanes past the cluster).
+  __device__ __forceinline__ void take(float (&v)[M], int parity) {
+    mbar_wait<true>(&bars[parity], (phases >> parity) & 1u);
+    phases ^= 1u << parity;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < M; ++m) v[m] = lane < size ? slots[parity][lane][m] : 0.f;
+  }
+  // Every thread gets the cluster-wide result of op over the CTAs' partials
+  // v, added by a butterfly in the same order in every warp of every CTA (as
+  // cluster_sum does). A cluster of one leaves v as it is.
+  template <class Op = SumOp>
+  __device__ __forceinline__ void sum(float (&v)[M], int parity, Op op = {}) {
+    if (size <= 1) return;
+    push(v, parity);
+    take(v, parity);
+    warp_sum<M>(v, 32, op);
+  }
+};
+
+__device__ __forceinline__ void cluster_done() {
+  JRN_SM90(cooperative_groups::this_cluster().sync());
+}
+
+// The CTAs of this CTA's cluster (1 without clusters).
+__device__ __forceinline__ int cluster_ctas() {
+#ifdef JRN_NO_CLUSTERS
+  return 1;
+#else
+  return static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+#endif
+}
+}  // namespace jrn::cuda

@@ -1,7 +1,0 @@
-// RMSNorm's forward launchers for float16 x: norm_fwd.cuh instantiated for
-// RMSNorm with each parameter type of that x (launch.h).
-#include "norm_fwd.cuh"
-
-namespace jrn::cuda {
-JRN_FOR_EACH_F16_X(JRN_INSTANTIATE_FWD, ::jrn::NormKind::kRms)
-}  // namespace jrn::cuda
