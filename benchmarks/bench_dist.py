@@ -84,12 +84,12 @@ def pieces(xl, dyl, gl, H, args):
     """What one device runs for the hidden layout, kernel by kernel, on its
     (rows, H / devices) slice, against XLA's fusion of the same jnp step and a
     copy of the slice, all measured here on one device."""
-    from jax_rmsnorm import _api, _primitives  # the two backward kernels of the hidden layout
+    from jax_rmsnorm import _checks, _core, _primitives  # the two backward kernels of the hidden layout
     eps = 1e-6
     ss = jrn.rms_norm_stats(xl)
     rstd = jax.lax.rsqrt(ss / H + eps)
     coef = jnp.zeros(ss.shape, jnp.float32)  # RMSNorm: one coefficient a row
-    cfg = _api._Config(_primitives.RMS, eps, False)
+    cfg = _checks.Config(_primitives.RMS, eps, False)
     f32 = lambda a: a.astype(jnp.float32)
 
     def xla_apply(x, s, g):
@@ -108,9 +108,9 @@ def pieces(xl, dyl, gl, H, args):
         "apply (x -> y)": (lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=H), xla_apply, (xl, ss, gl), 2),
         "plain fwd (x -> y)": (lambda x, g: jrn.rms_norm_fwd(x, g), jnp_rms_fwd, (xl, gl), 2),
         "plain bwd (x, dy -> dx)": (jrn.rms_norm_bwd, jnp_rms_bwd, (dyl, xl, rstd, gl), 3),
-        "grad stats (read x, dy)": (lambda dy, x, r, g: _api._grad_sums(dy, x, None, r, g, cfg), xla_grad_sums,
+        "grad stats (read x, dy)": (lambda dy, x, r, g: _core.grad_sums(dy, x, None, r, g, cfg), xla_grad_sums,
                                     (dyl, xl, rstd, gl), 2),
-        "bwd given (x, dy -> dx)": (lambda dy, x, r, g, c: _api._backward(dy, x, None, r, g, None, cfg, coef=c)[:2],
+        "bwd given (x, dy -> dx)": (lambda dy, x, r, g, c: _core.backward(dy, x, None, r, g, None, cfg, coef=c)[:2],
                                     xla_bwd_given, (dyl, xl, rstd, gl, coef), 3),
     }
     copy_t = bench(lambda x: -x, [(xl,)], args.iters, args.reps, one_program=False)
