@@ -422,11 +422,8 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     * ``"auto"``: ``"nvlink"`` where it applies (lowered for CUDA, one
       process, peer access between every pair of its GPUs, the default or
       "platform" allocator, within the limits above, not exported with
-      ``jax.export``), else ``"psum"``. After the matmul that makes the
-      partial sums (8192 x 8192 bf16 a device), the kernel took 0.62-0.66 ms
-      against 0.77 for psum + norm on 2 H100s, and was level on 4
-      (0.89-0.93 against 0.91-0.93); from a program input, 0.43-0.47
-      against 0.68 and 0.71 against 0.83 (benchmarks/RESULTS.md, table 5).
+      ``jax.export``), else ``"psum"``. docs/sharding.md compares the
+      methods' times.
 
     Under differentiation (without ``scatter``) the forward saves the whole
     sum: the cotangent of the (replicated) output is the same on every
@@ -471,7 +468,7 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     return _all_reduce_norm(x, gamma, Config(RMS, check_eps(eps), bool(zero_centered_gamma)), axes, method)
 
 
-# all_reduce_rms_norm's methods (benchmarks/RESULTS.md, table 5).
+# all_reduce_rms_norm's methods (see its docstring).
 _ALL_REDUCE_METHODS = ("auto", "scatter", "psum", "nvlink")
 
 
