@@ -28,6 +28,10 @@ matmul that makes the partial sums.
     python benchmarks/bench_dist.py --all-reduce-only --ar-rows 1 16 256 --ar-chain 32   # decode-time latency
     python benchmarks/bench_dist.py --add-only         # only the residual add + norm table
     python benchmarks/bench_dist.py --kernels          # device time of each kernel (profiler trace)
+
+On GPUs the layout tables' rows (ours against XLA's partitioning) are also
+appended to benchmarks/results/<gpu>.csv, with the layout and the device
+count among their options (see common.py).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_rmsnorm as jrn
-from bench_norm import bench, jnp_rms, rel_err
+from common import add_csv_arguments, bench, csv_path, jnp_rms, rel_err, write_rows
 
 
 def step(norm):
@@ -84,12 +88,12 @@ def pieces(xl, dyl, gl, H, args):
     """What one device runs for the hidden layout, kernel by kernel, on its
     (rows, H / devices) slice, against XLA's fusion of the same jnp step and a
     copy of the slice, all measured here on one device."""
-    from jax_rmsnorm import _api, _primitives  # the two backward kernels of the hidden layout
+    from jax_rmsnorm import _checks, _core, _primitives  # the two backward kernels of the hidden layout
     eps = 1e-6
     ss = jrn.rms_norm_stats(xl)
     rstd = jax.lax.rsqrt(ss / H + eps)
     coef = jnp.zeros(ss.shape, jnp.float32)  # RMSNorm: one coefficient a row
-    cfg = _api._Config(_primitives.RMS, eps, False)
+    cfg = _checks.Config(_primitives.RMS, eps, False)
     f32 = lambda a: a.astype(jnp.float32)
 
     def xla_apply(x, s, g):
@@ -108,9 +112,9 @@ def pieces(xl, dyl, gl, H, args):
         "apply (x -> y)": (lambda x, s, g: jrn.rms_norm_apply(x, s, g, hidden_size=H), xla_apply, (xl, ss, gl), 2),
         "plain fwd (x -> y)": (lambda x, g: jrn.rms_norm_fwd(x, g), jnp_rms_fwd, (xl, gl), 2),
         "plain bwd (x, dy -> dx)": (jrn.rms_norm_bwd, jnp_rms_bwd, (dyl, xl, rstd, gl), 3),
-        "grad stats (read x, dy)": (lambda dy, x, r, g: _api._grad_sums(dy, x, None, r, g, cfg), xla_grad_sums,
+        "grad stats (read x, dy)": (lambda dy, x, r, g: _core.grad_sums(dy, x, None, r, g, cfg), xla_grad_sums,
                                     (dyl, xl, rstd, gl), 2),
-        "bwd given (x, dy -> dx)": (lambda dy, x, r, g, c: _api._backward(dy, x, None, r, g, None, cfg, coef=c)[:2],
+        "bwd given (x, dy -> dx)": (lambda dy, x, r, g, c: _core.backward(dy, x, None, r, g, None, cfg, coef=c)[:2],
                                     xla_bwd_given, (dyl, xl, rstd, gl, coef), 3),
     }
     copy_t = bench(lambda x: -x, [(xl,)], args.iters, args.reps, one_program=False)
@@ -142,9 +146,14 @@ def layouts(devices):
         yield layout, shape, spec, lambda a, s, mesh=mesh: jax.device_put(a, NamedSharding(mesh, s))
 
 
-def table_row(label, shape, f_ours, f_xla, arg_sets, ref, args):
-    """Checks ours and XLA's against the unsharded ``ref``, times both and
-    prints the row."""
+# The layout tables' parts, as CSV op names (after "rms_" or "add_rms").
+PART_OPS = {"fwd": "_fwd", "bwd": "_bwd", "fwd+bwd, one program": "_fwdbwd", "fwd+bwd with a matmul": "_layer_step"}
+RECORDED = []  # the CSV rows of this run
+
+
+def table_row(label, shape, f_ours, f_xla, arg_sets, ref, args, op="rms"):
+    """Checks ours and XLA's against the unsharded ``ref``, times both, prints
+    the row and keeps it for the CSV (``op``: "rms" or "add_rms")."""
     times = {}
     for name, fn in (("ours", f_ours), ("xla", f_xla)):
         errs = [rel_err(a, b) for a, b in zip(fn(*arg_sets[0]), ref)]
@@ -154,6 +163,12 @@ def table_row(label, shape, f_ours, f_xla, arg_sets, ref, args):
     layout, part = label.split(" ", 1)
     print(f"| {layout} | {shape[0]}x{shape[1]} | {part} | {times['ours'] * 1e3:.3f} | "
           f"{times['xla'] * 1e3:.3f} | {times['xla'] / times['ours']:.2f}x |")
+    x = arg_sets[0][0]
+    suffix = PART_OPS[part.split(" (")[0]]
+    name = op if (op, suffix) == ("add_rms", "_fwd") else op + suffix  # bench_fused.py's names
+    RECORDED.append(dict(op=name, dtype=x.dtype.name, param_dtype=x.dtype.name,
+                         options=f"mesh={layout} devices={shape[0] * shape[1]}", rows=x.shape[0], hidden=x.shape[1],
+                         us=times["ours"] * 1e6, xla_us=times["xla"] * 1e6, ratio=times["xla"] / times["ours"]))
 
 
 def add_table(devices, xs, dys, g, args):
@@ -184,7 +199,8 @@ def add_table(devices, xs, dys, g, args):
         sets = [(put(x, spec), put(r, spec), gs, put(dy, spec), put(dh, spec))
                 for x, r, dy, dh in zip(xs, rs, dys, dhs)]
         for part, (f_ours, f_xla, nargs) in variants.items():
-            table_row(f"{layout} {part}", shape, f_ours, f_xla, [a[:nargs] for a in sets], want[part], args)
+            table_row(f"{layout} {part}", shape, f_ours, f_xla, [a[:nargs] for a in sets], want[part], args,
+                      op="add_rms")
 
 
 def kernel_times(programs, calls=10):
@@ -250,7 +266,13 @@ def main():
                          "(with --all-reduce-only --ar-chain N: of each chain too)")
     ap.add_argument("--k-local", type=int, default=1024,
                     help="each device's share of the contraction dim of the matmul before all_reduce_rms_norm")
+    add_csv_arguments(ap)
     args = ap.parse_args()
+    run(args)
+    write_rows(csv_path(args, jax.devices()[0]), RECORDED, jax.devices()[0], "bench_dist.py", args.commit)
+
+
+def run(args):
 
     devices = jax.devices()
     n = args.devices or len(devices)

@@ -6,7 +6,8 @@ Prints a table: op, dtype, shape, microseconds, TB/s on the fused op's own
 byte count, % of a copy measured in the same run, the jnp composition's time
 and the speed-up over it, and the plain norm's time (``jrn.rms_norm`` /
 ``jrn.layer_norm`` on the same x) with the ratio plain / fused. Every result
-is checked against the jnp composition before it is timed.
+is checked against the jnp composition before it is timed. On a GPU the rows
+are also appended to benchmarks/results/<gpu>.csv (see common.py).
 
 Bytes counted are the ones the fused op must move: inputs read once (x, the
 residual, the parameters) and outputs written once (y or q, h, the statistics,
@@ -46,7 +47,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from bench_norm import bench, copy_seconds, jnp_layer, jnp_rms, rel_err
+from bench_norm import HIDDEN
+from common import add_csv_arguments, bench, copy_seconds, csv_path, jnp_layer, jnp_rms, rel_err, write_rows
 
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -217,7 +219,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--param-dtype", default=None, choices=["bfloat16", "float16", "float32"],
                     help="gamma and beta (default: x's dtype)")
-    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 65536])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[h for h in HIDDEN if h <= 65536])
     ap.add_argument("--elements", type=int, default=1 << 27, help="rows * hidden")
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     ap.add_argument("--fp8", default="e4m3", choices=list(FP8))
@@ -230,7 +232,8 @@ def main():
     ap.add_argument("--hidden-slice", action="store_true",
                     help="FP8 outputs, and add_rms / add_ln, on the path of one device of a split hidden dim (see above)")
     ap.add_argument("--fwdbwd-drop-h", action="store_true",
-                    help="*_fwdbwd without h among the outputs (the definition before 2026-11-24)")
+                    help="*_fwdbwd without h among the outputs (XLA need not write h then)")
+    add_csv_arguments(ap)
     args = ap.parse_args()
     if args.param_dtype and any(op.startswith("fp8in") for op in args.ops):
         # They write y in the parameters' dtype, so their bytes would change too.
@@ -258,6 +261,7 @@ def main():
             s = dt.itemsize
             copy_t = copy_seconds(xs, dev, args.iters, args.reps)
             copy_bw = 2 * m * h * s / copy_t
+            plain_t = {}  # the plain norm's time, once a kind
             for op in args.ops:
                 if (op.endswith("_group") or op.startswith("fp8in")) and h % args.group:
                     continue
@@ -276,11 +280,14 @@ def main():
                 err = check(op, ours(*sets[0]), xla(*sets[0]), dt, mode, args.fp8)
                 t = bench(ours, sets, args.iters, args.reps)
                 tx = bench(xla, sets, args.iters, args.reps)
-                tp = bench(plain, [(x,) for x in xs], args.iters, args.reps)
+                if kind not in plain_t:
+                    plain_t[kind] = bench(plain, [(x,) for x in xs], args.iters, args.reps)
+                tp = plain_t[kind]
                 nb = nbytes(op, m, h, s, s, kind, residual, mode, backward, args.group)
                 bw = nb / t
                 row = dict(op=op, dtype=dt.name, m=m, h=h, us=t * 1e6, tbps=bw / 1e12, pct_copy=100 * bw / copy_bw,
-                           xla_us=tx * 1e6, speedup=tx / t, plain_us=tp * 1e6, plain_ratio=tp / t, err=err)
+                           xla_us=tx * 1e6, speedup=tx / t, plain_us=tp * 1e6, plain_ratio=tp / t, err=err,
+                           copy_tbps=copy_bw / 1e12)
                 rows_out.append(row)
                 print(f"{op:16} {m:>6}x{h:<7} {row['us']:9.1f} {row['tbps']:6.2f} {row['pct_copy']:5.0f}% "
                       f"{row['xla_us']:9.1f} {row['speedup']:6.2f}x {row['plain_us']:9.1f} {row['plain_ratio']:10.2f}x",
@@ -295,6 +302,16 @@ def main():
         print(f"| {r['op']} | {r['dtype']} | {r['m']}x{r['h']} | {r['us']:.1f} | {r['tbps']:.2f} | "
               f"{r['pct_copy']:.0f}% | {r['xla_us']:.1f} | {r['speedup']:.2f}x | {r['plain_us']:.1f} | "
               f"{r['plain_ratio']:.2f}x |")
+
+    options = []
+    if args.fp8 != "e4m3":
+        options.append(f"fp8={args.fp8}")
+    if args.group != 128:
+        options.append(f"group={args.group}")
+    options += ["hidden_slice"] * args.hidden_slice + ["drop_h"] * args.fwdbwd_drop_h
+    for r in rows_out:
+        r.update(param_dtype=pdt.name, options=" ".join(options), rows=r["m"], hidden=r["h"], ratio=r["speedup"])
+    write_rows(csv_path(args, dev), rows_out, dev, "bench_fused.py", args.commit)
 
 
 if __name__ == "__main__":

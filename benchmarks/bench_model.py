@@ -4,6 +4,9 @@ with jax_rmsnorm's RMSNorm, with flax.linen.RMSNorm, and with no norm at all
 
     python benchmarks/bench_model.py                  # hidden 4096, seq 4096, 4 layers, bf16
     python benchmarks/bench_model.py --layers 2 --seq 2048
+
+On a GPU the step's time is also appended to benchmarks/results/<gpu>.csv as
+op "model_step": ours as us, flax's as xla_us (see common.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 
 import jax
 import optax
+
+from common import add_csv_arguments, csv_path, write_rows
 
 _spec = importlib.util.spec_from_file_location(
     "llama", pathlib.Path(__file__).resolve().parent.parent / "examples" / "llama.py")
@@ -36,6 +41,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--steps", type=int, default=10)
+    add_csv_arguments(ap)
     args = ap.parse_args()
 
     base = llama.Config(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers,
@@ -69,6 +75,11 @@ def main():
     print(f"norms' share of the step (step minus the step without norms): jax_rmsnorm "
           f"{(ours - none) * 1e3:.2f} ms ({100 * (ours - none) / ours:.1f}%), flax "
           f"{(flax_t - none) * 1e3:.2f} ms ({100 * (flax_t - none) / flax_t:.1f}%)")
+    options = f"layers={args.layers} heads={args.heads} mlp={args.mlp} batch={args.batch} vocab={args.vocab}"
+    row = dict(op="model_step", dtype="bfloat16", param_dtype="float32", options=options, rows=args.batch * args.seq,
+               hidden=args.hidden, us=ours * 1e6, xla_us=flax_t * 1e6, ratio=flax_t / ours)
+    dev = jax.devices()[0]
+    write_rows(csv_path(args, dev), [row], dev, "bench_model.py", args.commit)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 CUDA kernels on NVIDIA GPUs and C++ kernels on the CPU, forward and backward,
 under ``jit``, ``grad``, ``vmap`` and ``checkpoint``, partitioned over a mesh
-under sharded ``jit`` and usable inside ``shard_map``. See the README for the API.
+under sharded ``jit`` and usable inside ``shard_map``. See the README for the API
+and docs/api.md for its full semantics.
 """
 
 from ._api import (

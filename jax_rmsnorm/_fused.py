@@ -12,7 +12,6 @@ dtype); ``amax`` and the scales have no gradient.
 from __future__ import annotations
 
 import dataclasses
-import math
 from functools import partial
 from typing import Optional
 
@@ -20,132 +19,17 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._api import _Config, _axes_tuple, _check_eps, _check_param, _check_x, _dtype_name, _as_array, \
-    _backward, _full_hidden, _grad_sums, _no_fp8_options, _param_dtype, _slice_stats, _sliced_forward, _sum_to_primal_vma
+from ._checks import (FP8_MAX, Config, axes_tuple, check_eps, check_fp8_input, check_group_size, check_h_dtype,
+                      check_out_dtype, check_param, check_residual, check_scale, check_scale_ub, check_x, dtype_name,
+                      is_fp8, no_fp8_options)
+from ._core import backward, full_hidden, grad_sums, param_dtype, slice_stats, sliced_forward, sum_to_primal_vma
 from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused
 
 Array = jax.Array
 
-FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
-FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
-
 
 # ---------------------------------------------------------------------------
-# argument checks
-
-
-def _check_residual(residual, x):
-    residual = _as_array(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-    if residual.dtype not in (x.dtype, jnp.float32):
-        raise TypeError(f"residual must have x's dtype {_dtype_name(x.dtype)} or float32, "
-                        f"got {_dtype_name(residual.dtype)}")
-    return residual
-
-
-def _check_h_dtype(h_dtype, x):
-    if h_dtype is None:
-        return np.dtype(x.dtype)
-    try:
-        dt = np.dtype(h_dtype)
-    except TypeError as e:
-        raise TypeError(f"h_dtype must be a dtype, got {h_dtype!r}") from e
-    if dt not in (np.dtype(x.dtype), np.dtype(jnp.float32)):
-        raise TypeError(f"h_dtype must be x's dtype {_dtype_name(x.dtype)} or float32, got {dt.name}")
-    return dt
-
-
-def _check_dtype(value, allowed, what):
-    """``value`` as a NumPy dtype, one of ``allowed``; ``what`` names the
-    argument and the dtypes it takes."""
-    try:
-        dt = np.dtype(value)
-    except TypeError as e:
-        raise TypeError(f"{what}, got {value!r}") from e
-    if dt not in allowed:
-        raise TypeError(f"{what}, got {dt.name}")
-    return dt
-
-
-def _check_out_dtype(out_dtype):
-    return _check_dtype(out_dtype, FP8_MAX, "out_dtype must be float8_e4m3fn or float8_e5m2")
-
-
-def _check_scale(scale):
-    if scale is None:
-        raise TypeError("scale is required: the per-tensor float32 scale (q = y * scale)")
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        return jnp.float32(scale)
-    scale = _as_array(scale, "scale")
-    if scale.dtype != jnp.float32:
-        raise TypeError(f"scale must be float32, got {_dtype_name(scale.dtype)}")
-    if scale.shape != ():
-        raise ValueError(f"scale must be a scalar (one scale per tensor), got shape {scale.shape}")
-    return scale
-
-
-def _check_scale_ub(scale_ub):
-    if scale_ub is None:
-        return math.inf
-    if isinstance(scale_ub, (str, bytes, bool)) or isinstance(scale_ub, jax.core.Tracer):
-        raise TypeError(f"scale_ub must be a Python number or None, got {type(scale_ub).__name__}")
-    try:
-        v = float(scale_ub)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"scale_ub must be a Python number or None, got {type(scale_ub).__name__}") from e
-    if not v > 0.0:
-        raise ValueError(f"scale_ub must be > 0, got {scale_ub!r}")
-    return v
-
-
-def _check_group_size(group_size, x):
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
-        raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
-    g = int(group_size)
-    if g < 1 or x.shape[-1] % g != 0:
-        raise ValueError(f"group_size must be >= 1 and divide the hidden size {x.shape[-1]}, got {g}")
-    return g
-
-
-_OUT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
-
-
-def is_fp8(x) -> bool:
-    """Whether ``x`` (an array) holds FP8 values this library reads."""
-    return hasattr(x, "dtype") and np.dtype(x.dtype) in FP8_MAX
-
-
-def _check_fp8_input(x, x_scale, group_size, dtype):
-    """Checks an FP8 ``x`` and its scales. Returns ``(x, x_scale, group, typed)``:
-    ``x`` checked, ``x_scale`` shaped ``x.shape[:-1] + (hidden // group,)`` (a
-    per-tensor scale is broadcast to one per row, ``group = hidden``), and
-    ``typed`` a stand-in of ``x``'s shape in the output dtype, for the other checks."""
-    x = _check_x(x, dtypes=FP8_DTYPES)
-    hidden = x.shape[-1]
-    out = _check_dtype(jnp.bfloat16 if dtype is None else dtype, _OUT_DTYPES,
-                       "dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16")
-    if x_scale is None:
-        raise TypeError("x_scale is required with an FP8 x: a float32 scalar (one scale for the tensor) "
-                        "or one scale per group of group_size columns")
-    if isinstance(x_scale, (int, float)) and not isinstance(x_scale, bool):
-        x_scale = jnp.float32(x_scale)
-    x_scale = _as_array(x_scale, "x_scale")
-    if x_scale.dtype != jnp.float32:
-        raise TypeError(f"x_scale must be float32, got {_dtype_name(x_scale.dtype)}")
-    if group_size is None:
-        if x_scale.shape != ():
-            raise ValueError(f"x_scale of shape {x_scale.shape} needs group_size (the columns per scale); "
-                             "without group_size it must be a scalar")
-        group = hidden
-        x_scale = jnp.broadcast_to(x_scale, x.shape[:-1] + (1,))
-    else:
-        group = _check_group_size(group_size, x)
-        want = x.shape[:-1] + (hidden // group,)
-        if x_scale.shape != want:
-            raise ValueError(f"x_scale must have shape {want} (x.shape[:-1] + (hidden // group_size,)), "
-                             f"got {x_scale.shape}")
-    return x, x_scale, group, jax.ShapeDtypeStruct(x.shape, out)
+# FP8 input
 
 
 def _by_group(a, group):
@@ -174,7 +58,7 @@ def _fp8_input_grads(dx, q, x_scale, group):
 
 @dataclasses.dataclass(frozen=True)
 class _FusedConfig:
-    norm: _Config
+    norm: Config
     spec: FusedSpec
     x_dtype: np.dtype  # the gradients' dtypes
     r_dtype: Optional[np.dtype]
@@ -188,8 +72,8 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
     ``h``, then the norm of a slice of the hidden dim)."""
     spec, norm = cfg.spec, cfg.norm
     if cfg.axes:
-        stats, h = _slice_stats(x, norm.kind, residual, spec.h_dtype)  # h and its statistics: one pass
-        y, mean, rstd = _sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes, stats)
+        stats, h = slice_stats(x, norm.kind, residual, spec.h_dtype)  # h and its statistics: one pass
+        y, mean, rstd = sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes, stats)
         return y.astype(x.dtype), mean, rstd, h, None, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
@@ -207,7 +91,7 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
         qt = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), y.dtype) if spec.transpose else None
         return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt
     typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
-    ph = _placeholder(_param_dtype(typed, gamma, beta))
+    ph = _placeholder(param_dtype(typed, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
                           x_scale, kind=norm.kind, eps=norm.eps, zero_centered_gamma=norm.zero_centered_gamma,
                           has_gamma=gamma is not None, has_beta=beta is not None, fused=spec)
@@ -240,9 +124,9 @@ def _fused_bwd(cfg, res, cts):
     def x_grads(dx):
         """Cotangents of x and x_scale from the gradient of the (dequantized) input."""
         if not group:
-            return _sum_to_primal_vma(dx.astype(x_dtype), saved), None
+            return sum_to_primal_vma(dx.astype(x_dtype), saved), None
         dq, dxs = _fp8_input_grads(dx, fp8_x, x_scale, group)
-        return _sum_to_primal_vma(dq, fp8_x), _sum_to_primal_vma(dxs, x_scale)
+        return sum_to_primal_vma(dq, fp8_x), sum_to_primal_vma(dxs, x_scale)
 
     # Straight-through for FP8 output: q's cotangent taken in the input's dtype;
     # q_t's (hidden, rows) is q's transposed, so its cotangent adds to q's.
@@ -251,21 +135,21 @@ def _fused_bwd(cfg, res, cts):
         dy = dy + jnp.swapaxes(ct_qt, -1, -2).reshape(dy.shape).astype(dy.dtype)
     d_scale = None if scale is None else jnp.zeros_like(scale)
     if not cfg.spec.residual:
-        dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, gamma, beta, norm)
+        dx, dgamma, dbeta = backward(dy, saved, mean, rstd, gamma, beta, norm)
         gx, gxs = x_grads(dx)
-        return (gx, None, _sum_to_primal_vma(dgamma, gamma), _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
+        return (gx, None, sum_to_primal_vma(dgamma, gamma), sum_to_primal_vma(dbeta, beta), d_scale, gxs)
     dh = ct_h.astype(saved.dtype)
     # With h in float32 and bf16/f16 parameters, the kernels run in float32.
     g, b = kernel_param(gamma, saved), kernel_param(beta, saved)
     coef = None
     if cfg.axes and saved.size:  # the rows' sums, of whole rows
-        coef = jax.lax.psum(_grad_sums(dy, saved, mean, rstd, g, norm), cfg.axes) / _full_hidden(saved, cfg.axes)
-    dx, dgamma, dbeta = _backward(dy, saved, mean, rstd, g, b, norm, coef=coef, dh=dh)
+        coef = jax.lax.psum(grad_sums(dy, saved, mean, rstd, g, norm), cfg.axes) / full_hidden(saved, cfg.axes)
+    dx, dgamma, dbeta = backward(dy, saved, mean, rstd, g, b, norm, coef=coef, dh=dh)
     dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
     dbeta = None if beta is None else dbeta.astype(beta.dtype)
     gx, gxs = x_grads(dx)
-    return (gx, _sum_to_primal_vma(dx.astype(r_dtype), saved), _sum_to_primal_vma(dgamma, gamma),
-            _sum_to_primal_vma(dbeta, beta), d_scale, gxs)
+    return (gx, sum_to_primal_vma(dx.astype(r_dtype), saved), sum_to_primal_vma(dgamma, gamma),
+            sum_to_primal_vma(dbeta, beta), d_scale, gxs)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -288,34 +172,34 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         if axis_name is not None:
             raise NotImplementedError("axis_name is not supported with an FP8 x yet")
         if quant is not None:
-            raise TypeError(f"x must be float32, bfloat16 or float16 for an FP8 output, got {_dtype_name(x.dtype)}")
-        x, x_scale, group, typed = _check_fp8_input(x, x_scale, x_group_size, dtype)
+            raise TypeError(f"x must be float32, bfloat16 or float16 for an FP8 output, got {dtype_name(x.dtype)}")
+        x, x_scale, group, typed = check_fp8_input(x, x_scale, x_group_size, dtype)
         spec.update(x_group_size=group, out_dtype=np.dtype(typed.dtype))
     else:
-        _no_fp8_options(x_scale, x_group_size, dtype)
-        x = typed = _check_x(x)
-    gamma = _check_param(gamma, "gamma", typed)
+        no_fp8_options(x_scale, x_group_size, dtype)
+        x = typed = check_x(x)
+    gamma = check_param(gamma, "gamma", typed)
     if kind == LAYER:
-        beta = _check_param(beta, "beta", typed, dtype_of=gamma)
-    eps = _check_eps(eps)
+        beta = check_param(beta, "beta", typed, dtype_of=gamma)
+    eps = check_eps(eps)
     if residual is not None:
-        residual = _check_residual(residual, typed)
-        spec.update(residual=True, h_dtype=_check_h_dtype(h_dtype, typed))
+        residual = check_residual(residual, typed)
+        spec.update(residual=True, h_dtype=check_h_dtype(h_dtype, typed))
     elif h_dtype is not None:
         raise ValueError("h_dtype is only meaningful with a residual")
     if quant is not None:
-        spec["out_dtype"] = _check_out_dtype(out_dtype)
+        spec["out_dtype"] = check_out_dtype(out_dtype)
     if quant == "tensor":
-        scale = _check_scale(scale)
+        scale = check_scale(scale)
     if quant == "current":
         scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     if quant in ("row", "group"):
-        spec["scale_ub"] = _check_scale_ub(scale_ub)
+        spec["scale_ub"] = check_scale_ub(scale_ub)
     if quant == "group":
-        spec["group_size"] = _check_group_size(group_size, x)
-    cfg = _FusedConfig(_Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
+        spec["group_size"] = check_group_size(group_size, x)
+    cfg = _FusedConfig(Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
                        None if residual is None else np.dtype(residual.dtype),
-                       () if axis_name is None else _axes_tuple(axis_name))
+                       () if axis_name is None else axes_tuple(axis_name))
     return _fused(x, residual, gamma, beta, scale, x_scale, cfg)
 
 

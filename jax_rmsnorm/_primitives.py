@@ -38,30 +38,19 @@ from typing import Optional
 import numpy as np
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import _ffi
+from ._compat import require_devices_during_lowering, tensor_shape, varying_axes, varying_update
 
 RMS = "rms"
 LAYER = "layer"
 
 # ---------------------------------------------------------------------------
 # helpers shared by all families
-
-
-def varying_axes(aval) -> frozenset:
-    """The shard_map mesh axes an aval varies over (empty outside shard_map).
-
-    JAX 0.10 keeps them in ``aval.manual_axis_type.varying``; other releases in
-    ``aval.vma``."""
-    mat = getattr(aval, "manual_axis_type", None)
-    if mat is not None:
-        return frozenset(mat.varying)
-    return frozenset(getattr(aval, "vma", frozenset()))
 
 
 def _vma(*avals):
@@ -74,12 +63,7 @@ def _like(aval, vma, shape=None, dtype=None, rows=None):
 
     With a new shape, the sharding of the first ``rows`` dims (default: all but
     the last) is kept and the other dims are unsharded."""
-    kwargs = {}
-    mat = getattr(aval, "manual_axis_type", None)
-    if mat is not None:
-        kwargs["manual_axis_type"] = type(mat)(varying=vma, unreduced=mat.unreduced, reduced=mat.reduced)
-    elif hasattr(aval, "vma"):
-        kwargs["vma"] = vma
+    kwargs = varying_update(aval, vma)
     if shape is not None and tuple(shape) != tuple(aval.shape):
         sharding = getattr(aval, "sharding", None)
         spec = getattr(sharding, "spec", None)
@@ -795,11 +779,9 @@ def _sharding_rule(st, mesh, operand_types, result_types):
     each placeholder dim. With per-group scales the hidden dim is the compound
     ``(h k)``: h groups of k columns, the scales' last dim h, so that a split
     of the hidden dim keeps groups whole."""
-    from jax._src.lib.mlir import ir
-
     roles_in, roles_out = _FAMILIES[st.prim][0](**dict(st.params))
-    ranks_in = [len(ir.RankedTensorType(t).shape) for t in operand_types]
-    ranks_out = [len(ir.RankedTensorType(t).shape) for t in result_types]
+    ranks_in = [len(tensor_shape(t)) for t in operand_types]
+    ranks_out = [len(tensor_shape(t)) for t in result_types]
     n_rows = ranks_in[roles_in.index(X)] - 1
     rows = [f"r{i}" for i in range(n_rows)]
     fresh = iter(range(1 << 20))
@@ -811,7 +793,7 @@ def _sharding_rule(st, mesh, operand_types, result_types):
     # call, a few bytes a group).
     grouped = fused is not None and fused.quant == "group"
     if grouped:
-        hidden_size = ir.RankedTensorType(operand_types[roles_in.index(X)]).shape[-1]
+        hidden_size = tensor_shape(operand_types[roles_in.index(X)])[-1]
         grouped = (hidden_size // fused.group_size) % math.prod(mesh.shape.values()) == 0
     hidden = "(h k)" if grouped else "h"
 
@@ -856,9 +838,7 @@ def _register(prim, family, abstract, batch):
         return rule
 
     prim.def_impl(lambda *args, **params: jax.jit(lambda *a: prim.bind(*a, **params))(*args))
-    # custom_partitioning needs the device assignment while lowering; JAX
-    # provides it for jaxprs holding primitives in this set.
-    _dispatch.prim_requires_devices_during_lowering.add(prim)
+    require_devices_during_lowering(prim)  # custom_partitioning needs the devices while lowering
     prim.def_abstract_eval(abstract)
     batching.primitive_batchers[prim] = batch
     mlir.register_lowering(prim, lowering("cpu"), platform="cpu")

@@ -5,14 +5,22 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import pytest
 
+from fast_tier import is_fast
 from reference import PLATFORMS
 
 
 def pytest_collection_modifyitems(config, items):
-    # Each test parametrized over `platform` is skipped where that platform has no device.
+    # A test parametrized over `platform` runs on that platform: on "gpu" it
+    # is marked gpu, and slow unless the fast tier (fast_tier.py) selects it;
+    # it is skipped where that platform has no device.
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec and callspec.params.get("platform") == "gpu" and "gpu" not in PLATFORMS:
+        if not callspec or callspec.params.get("platform") != "gpu":
+            continue
+        item.add_marker(pytest.mark.gpu)
+        if not is_fast(item):
+            item.add_marker(pytest.mark.slow)
+        if "gpu" not in PLATFORMS:
             item.add_marker(pytest.mark.skip(reason="no GPU visible to JAX"))
 
 

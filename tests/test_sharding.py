@@ -284,7 +284,7 @@ def test_stats_and_apply_gradients(platform, kind):
                                                (257, 4096, jnp.float32), (600, 2048, jnp.float16),
                                                (33, 16384, jnp.bfloat16), (515, 333, jnp.float32)])
 def test_stats_kernels_against_float64(platform, rows, hidden, dtype):
-    from jax_rmsnorm import _api, _primitives
+    from jax_rmsnorm import _checks, _core, _primitives
     dev = jax.devices(platform)[0]
     x = random(rows, (rows, hidden), dtype, offset=3.0)
     # an outlier at a row's first element, one of those the LayerNorm shift is taken from
@@ -302,9 +302,9 @@ def test_stats_kernels_against_float64(platform, rows, hidden, dtype):
     np.testing.assert_allclose(st[:, 0], xf.mean(-1), rtol=2e-5)
     np.testing.assert_allclose(st[:, 1], ((xf - xf.mean(-1, keepdims=True)) ** 2).sum(-1), rtol=1e-4)
     for kind, m in ((_primitives.RMS, None), (_primitives.LAYER, mean)):
-        cfg = _api._Config(kind, 1e-6, False)
+        cfg = _checks.Config(kind, 1e-6, False)
         poison(platform, 8 * rows)
-        got = f64(jax.jit(lambda dy, x, m, r, g: _api._grad_sums(dy, x, m, r, g, cfg))(dy, x, m, rstd, g))
+        got = f64(jax.jit(lambda dy, x, m, r, g: _core.grad_sums(dy, x, m, r, g, cfg))(dy, x, m, rstd, g))
         gdy = dyf * gf
         sums = [(gdy * (xf - (0 if m is None else mf[:, None])) * rf[:, None]).sum(-1), gdy.sum(-1)]
         # RMSNorm's backward needs (and all-reduces) one sum a row, LayerNorm's two

@@ -7,8 +7,8 @@ existing parameters load unchanged. Flax NNX modules are in
 Differences: normalization is over the last axis only (``reduction_axes`` and
 ``feature_axes`` must be -1); ``axis_index_groups`` is not supported yet
 (raises at construction); statistics are always float32, taken in two passes
-or in one around a shift near the row's mean, never as E[x^2] - E[x]^2 (the
-README says which kernels take which; ``use_fast_variance`` and
+or in one around a shift near the row's mean, never as E[x^2] - E[x]^2
+(docs/api.md says which kernels take which; ``use_fast_variance`` and
 ``force_float32_reductions`` are accepted and change nothing). ``axis_name``
 works as in flax, inside ``shard_map`` with the features split over that mesh
 axis: each device holds a slice of the features (and of ``scale``/``bias``),

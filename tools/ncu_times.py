@@ -2,7 +2,7 @@
 of `profile_ops.py OP... --shapes S1,S2,... --calls N`: one table row per shape and op,
 the median of calls 2..N (the first one cold) and every call, in microseconds.
 
-    python3 benchmarks/ncu_times.py ncu.csv --ops rms_fwd ln_fwd --shapes 16x4096,64x8192 --calls 5 \\
+    python3 tools/ncu_times.py ncu.csv --ops rms_fwd ln_fwd --shapes 16x4096,64x8192 --calls 5 \\
         --kernels fwd_decode
 
 Each (shape, op) must launch exactly --per-call kernels (default 1) matching
@@ -11,7 +11,7 @@ With more than one (XLA's composition of the residual add and the norm: a
 kernel for h, then one for y), a call's time is the sum of its kernels', and
 the row names them:
 
-    python3 benchmarks/ncu_times.py ncu.csv --ops xla_add_rms --shapes 16x4096 --calls 5 --kernels . \
+    python3 tools/ncu_times.py ncu.csv --ops xla_add_rms --shapes 16x4096 --calls 5 --kernels . \
         --per-call 2
 """
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What one call on a lent GPU machine runs: build, GPU tests, benchmark.
-# Usage: bash benchmarks/device_run.sh [tests|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# What one call on a GPU machine runs: build, GPU tests, benchmarks, sanitizers.
+# The benchmarks append their rows to benchmarks/results/<gpu>.csv (bring that file back).
+# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -10,18 +11,25 @@ JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90} \
 python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
 for step in "$@"; do
   case $step in
-    tests)  # 8 processes where pytest-xdist is installed (H100, 2026-11-25: 942 passed in 173 s)
+    tests)  # the whole GPU suite, 8 processes where pytest-xdist is installed
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
-      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -k gpu "${par[@]}" 2>&1 |
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu "${par[@]}" 2>&1 |
         tee "$OUT/tests_gpu.log" | tail -15 ;;
+    tests-fast)  # every kernel family once (CONTRIBUTING.md)
+      par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m "gpu and not slow" --durations=10 \
+        "${par[@]}" 2>&1 | tee "$OUT/tests_fast.log" | tail -25 ;;
     dist) python3 benchmarks/bench_dist.py 2>&1 | tee "$OUT/bench_dist.log" ;;
-    bench) python3 benchmarks/bench_norm.py --plot "$OUT/tbps.png" 2>&1 | tee "$OUT/bench.log" ;;
-    bench-between)  # the widths between table 1's (RESULTS.md 1b)
+    bench)  # the README's tables: plain norms and fused ops, bf16
+      { python3 benchmarks/bench_norm.py
+        python3 benchmarks/bench_fused.py
+      } 2>&1 | tee "$OUT/bench.log" | grep -v '^|' ;;
+    bench-between)  # more widths between the default ones
       { python3 benchmarks/bench_norm.py --reps 5 --hidden 2048 3072 5120 6144 12288 20480 24576 32768 49152 98304 131072
         python3 benchmarks/bench_fused.py --reps 5 --ops ln_fp8 ln_fp8_row rms_fp8 rms_fp8_row \
           --hidden 2048 6144 12288 24576 32768 49152 131072
       } 2>&1 | tee "$OUT/bench_between.log" | grep -v '^|' ;;
-    bench-fused)  # residual add + norm, FP8 output (issue 5)
+    bench-fused)  # residual add + norm, FP8 output (e4m3, and e5m2 at two widths)
       { python3 benchmarks/bench_fused.py
         python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
       } 2>&1 | tee "$OUT/bench_fused.log" | grep -v '^|' ;;
@@ -35,22 +43,22 @@ for step in "$@"; do
         read -r r hd <<< "$shape"
         ncu --clock-control none --cache-control none --graph-profiling node \
           --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__warps_launched.sum,launch__grid_size,launch__block_size \
-          python3 benchmarks/profile_ops.py rms_fwd xla_rms_fwd ln_fwd xla_ln_fwd --rows "$r" --hidden "$hd" --calls 3 \
+          python3 tools/profile_ops.py rms_fwd xla_rms_fwd ln_fwd xla_ln_fwd --rows "$r" --hidden "$hd" --calls 3 \
           > "$OUT/ncu_decode_${r}x$hd.txt" 2>&1
         grep -E "^  [a-zA-Z_].*\(|gpu__time_duration|inst_executed|warps_launched|grid_size|block_size" \
           "$OUT/ncu_decode_${r}x$hd.txt" | head -80
       done ;;
-    ncu-wide)  # the kernels of the widest rows, forward and backward: CTAs, clusters, registers, occupancy
-      # (RESULTS.md 1zn, 1zo). Run after another GPU step: twice in 1zn the first process on the
-      # GPU failed under ncu at start-up ("no supported devices found for platform CUDA").
-      KERNELS=fwd_slices COUNT=1 bash benchmarks/ncu_run.sh 512 262144 rms_fwd ln_fwd
-      KERNELS=bwd_ COUNT=2 bash benchmarks/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
-    bench-unaligned)  # widths that are not a multiple of 8 (RESULTS.md 1f-1l)
+    ncu-wide)  # the kernels of the widest rows, forward and backward: CTAs, clusters, registers, occupancy.
+      # Run after another GPU step: as the first process on the GPU, ncu has failed at start-up
+      # ("no supported devices found for platform CUDA").
+      KERNELS=fwd_slices COUNT=1 bash tools/ncu_run.sh 512 262144 rms_fwd ln_fwd
+      KERNELS=bwd_ COUNT=2 bash tools/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
+    bench-unaligned)  # widths that are not a multiple of 8
       { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd
         python3 benchmarks/bench_fused.py --hidden 1001 2050 4097 4100 12290 --ops add_rms add_ln
       } 2>&1 | tee "$OUT/bench_unaligned.log" | grep -v '^|' ;;
-    bench-fp8in)  # FP8 input, per group of 128 and per tensor (issue 5)
+    bench-fp8in)  # FP8 input, per group of 128 and per tensor
       python3 benchmarks/bench_fused.py --ops fp8in_rms fp8in_ln fp8in_rms_tensor --hidden 1024 4096 8192 16384 65536 \
         2>&1 | tee "$OUT/bench_fp8in.log" | grep -v '^|' ;;
     bench-extra)  # other dtypes, float32 params, Gemma scale, decode-time row counts
@@ -60,12 +68,12 @@ for step in "$@"; do
         python3 benchmarks/bench_norm.py --zero-centered --hidden 4096 16384 --ops rms_fwd rms_bwd
         python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd --iters 400 --reps 11
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
-    sanitize|memcheck|racecheck)  # one process per shape (see benchmarks/sanitize.py)
+    sanitize|memcheck|racecheck)  # one process per shape (see tests/sanitize.py)
       tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
       for tool in $tools; do
-        for shape in $(python3 benchmarks/sanitize.py --list); do
+        for shape in $(python3 tests/sanitize.py --list); do
           XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
-            python3 benchmarks/sanitize.py "$shape" > "$OUT/${tool}_$shape.log" 2>&1
+            python3 tests/sanitize.py "$shape" > "$OUT/${tool}_$shape.log" 2>&1
           echo "$tool $shape exit $? $(grep -h 'SUMMARY' "$OUT/${tool}_$shape.log")"
         done
       done ;;

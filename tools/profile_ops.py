@@ -3,13 +3,13 @@ attach to: no timing here. Example, on a GPU machine:
 
     ncu --clock-control none --kernel-name regex:'fwd_|bwd_' --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        python3 benchmarks/profile_ops.py rms_fp8 --rows 32768 --hidden 4096
+        python3 tools/profile_ops.py rms_fp8 --rows 32768 --hidden 4096
 
 At 2^27 elements a tensor, kernel replay (ncu's default) saves and restores the
 device's memory around each pass: on an H100 (2026-11-25) four kernels of
 2048x65536 with five sections had not finished in 200 s. Profile fewer rows
 (still far beyond L2) or pass `--replay-mode application`: at 512x65536 (64
-MiB a tensor) `bash benchmarks/ncu_run.sh 512 65536 rms_fwd ln_fwd` (seven
+MiB a tensor) `bash tools/ncu_run.sh 512 65536 rms_fwd ln_fwd` (seven
 sections, two kernels an op) finished both ops in about 100 s.
 
 With sections that need several passes, set XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -23,13 +23,17 @@ warned "Backing up device memory in system memory".
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from bench_norm import jnp_layer, jnp_rms
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))  # its helpers
+from common import jnp_layer, jnp_rms
 
 
 def fp8_in(x):

@@ -3,7 +3,7 @@
  * q = amax * (1 / c), r = fma(-q, c, amax), fma(r, 1 / c, q) must equal
  * amax / c wherever the quotient is at least 1e-13 (below it quant_scale
  * floors the scale at 1e-12 either way). About 3 s on one x86 core:
- *   cc -O2 -ffp-contract=off benchmarks/check_div_fp8_max.c -lm -o /tmp/chk && /tmp/chk
+ *   cc -O2 -ffp-contract=off tools/check_div_fp8_max.c -lm -o /tmp/chk && /tmp/chk
  */
 #include <math.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 """Times this library's ops alone, for same-call A/Bs of two builds
-(benchmarks/ab_same_call.sh): no XLA reference and no copy, so a call covers
+(tools/ab_same_call.sh): no XLA reference and no copy, so a call covers
 many cells. Each op is checked once against the jnp reference (bench_norm's,
 bench_fused's check) before it is timed, then timed as bench_norm times it
 (3 rotated input sets, one program, median of --reps repetitions of 20
@@ -11,20 +11,24 @@ rms_fwd, ln_fwd, rms_bwd, ln_bwd (as bench_norm), and bench_fused's forward
 ops (add_rms, add_ln, rms_fp8, ln_fp8, rms_fp8_row, ln_fp8_row,
 rms_fp8_group, ...; FP8 as e4m3, groups of 128).
 
-    python3 benchmarks/bench_ours.py ln_fwd:20480,24576 rms_fp8_row:12288
-    python3 benchmarks/bench_ours.py --dtype float32 ln_fwd:16384 ln_bwd:20480
+    python3 tools/bench_ours.py ln_fwd:20480,24576 rms_fp8_row:12288
+    python3 tools/bench_ours.py --dtype float32 ln_fwd:16384 ln_bwd:20480
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))  # its helpers
 from bench_fused import OPS, check, make
-from bench_norm import bench, jnp_layer, jnp_rms, rel_err
+from common import bench, jnp_layer, jnp_rms, rel_err
 
 NORM_OPS = ["rms_fwd", "ln_fwd", "rms_bwd", "ln_bwd"]
 

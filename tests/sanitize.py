@@ -2,10 +2,10 @@
 compute-sanitizer (memcheck, racecheck). Run with the platform allocator so
 each buffer is its own allocation and out-of-bounds accesses are caught:
 
-    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck python benchmarks/sanitize.py
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform compute-sanitizer --tool memcheck python tests/sanitize.py
 
 Arguments such as `2x40001 300x65536` run those shapes of the two lists below
-alone; `--list` prints them all. benchmarks/device_run.sh runs each shape in its
+alone; `--list` prints them all. tools/device_run.sh runs each shape in its
 own process: compute-sanitizer (CUDA 13) itself crashed (SIGSEGV, no report) after
 several hundred kernels in one process, at a different shape each time.
 """

@@ -3,7 +3,7 @@
 its instructions on:
 
     cuobjdump -sass $(python3 -c "import jax_rmsnorm._jax_rmsnorm_cuda as m; print(m.__file__)") \
-        | python3 benchmarks/sass_summary.py fwd_regs bwd_slices
+        | python3 tools/sass_summary.py fwd_regs bwd_slices
 
 Without a GPU, one source file's kernels can be read from a cubin that nvcc
 builds alone (flags as CMakeLists.txt gives them; JAX's FFI headers from jaxlib;
@@ -13,7 +13,7 @@ in norm_bwd_{f32,bf16,f16}.cu, by normalization and type of x):
     nvcc -std=c++20 -O3 --expt-relaxed-constexpr -DNDEBUG -arch=sm_90 -cubin -Xptxas -v \
         -isystem $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/include \
         -I csrc -I csrc/cuda csrc/cuda/norm_fwd_rms_bf16.cu -o norm_fwd.cubin
-    cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py fwd_regs
+    cuobjdump -sass norm_fwd.cubin | python3 tools/sass_summary.py fwd_regs
 
 Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump
 runs), the PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm hold
@@ -25,7 +25,7 @@ load or bulk copy is issued: there each warp waits a memory round trip before
 its data loads go out (a scale or a statistic loaded first and spilled,
 inverted or moved to a uniform register). Kernels that must read a value
 first (a row's shift, say) show up too; it is a list to read, not a verdict:
-    cuobjdump -sass norm_fwd.cubin | python3 benchmarks/sass_summary.py --waits fwd_
+    cuobjdump -sass norm_fwd.cubin | python3 tools/sass_summary.py --waits fwd_
 
 With --executed, it reads instead Nsight Compute's per-instruction counts of
 one profiled launch (the SourceCounters section, exported as the source
@@ -34,9 +34,9 @@ launch's element count (rows * hidden), also thread instructions an element.
 --dump FILE writes every executed instruction as "address count SASS", in
 code order, to see which part of a kernel the counts come from:
     ncu --kernel-name regex:fwd_ --launch-skip 1 --launch-count 1 --section SourceCounters \
-        -o rep python3 benchmarks/profile_ops.py ln_fwd --rows 32768 --hidden 4096 --calls 2
+        -o rep python3 tools/profile_ops.py ln_fwd --rows 32768 --hidden 4096 --calls 2
     ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv
-    python3 benchmarks/sass_summary.py --executed src.csv 134217728 [--dump lines.txt]
+    python3 tools/sass_summary.py --executed src.csv 134217728 [--dump lines.txt]
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ GPU's kernel records, so a step's time splits into the kernel itself and the
 gap before the next one starts. Ours and XLA's jnp version (and the x -> -x
 copy the latency mode compares with) are traced in turn:
 
-    python benchmarks/chain_trace.py --rows 16 64 --hidden 8192 --ops rms_fwd ln_fwd
-    python benchmarks/chain_trace.py --mix --ops add_rms add_ln   # beside XLA's kernels; the residual add
-    python benchmarks/chain_trace.py --rows 1 16 64 --hidden 4096 --ops rms_bwd ln_bwd --names   # the backward
-    JAX_RMSNORM_PDL=0 python benchmarks/chain_trace.py ...   # our kernels without early launch
-    XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/chain_trace.py ...   # no CUDA graphs
+    python tools/chain_trace.py --rows 16 64 --hidden 8192 --ops rms_fwd ln_fwd
+    python tools/chain_trace.py --mix --ops add_rms add_ln   # beside XLA's kernels; the residual add
+    python tools/chain_trace.py --rows 1 16 64 --hidden 4096 --ops rms_bwd ln_bwd --names   # the backward
+    JAX_RMSNORM_PDL=0 python tools/chain_trace.py ...   # our kernels without early launch
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= python tools/chain_trace.py ...   # no CUDA graphs
 
 Columns: kernels a step, us a step (first kernel's start to the last one's end,
 over the chain), the kernels' own us a step (sum of durations), the median gap
@@ -24,7 +24,9 @@ import argparse
 import collections
 import glob
 import os
+import pathlib
 import statistics
+import sys
 import tempfile
 
 import jax
@@ -32,7 +34,9 @@ import jax.numpy as jnp
 from jax.profiler import ProfileData
 
 import jax_rmsnorm as jrn
-from bench_norm import chained, jnp_layer, jnp_rms
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))  # its helpers
+from common import chained, jnp_layer, jnp_rms
 
 
 def _trace(call, args):

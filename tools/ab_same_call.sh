@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Same-call A/B on a lent GPU: builds a reference tree and this tree as wheels
 # at once, then runs one benchmark command with each installed in turn, so the
-# two are compared on the same machine in the same session (RESULTS.md 6g).
+# two are compared on the same machine in the same session.
 #
 #   git archive --prefix=ref/ main | tar x -C dist/     # here: the reference's sources (dist/ is ignored)
-#   bash benchmarks/ab_same_call.sh dist/ref python3 benchmarks/bench_fused.py --ops ln_fp8 --hidden 4096
+#   bash tools/ab_same_call.sh dist/ref python3 benchmarks/bench_fused.py --ops ln_fp8 --hidden 4096
 #
 # (pass dist as a carried path to the device). Logs go to $OUT (or ./out):
 # build_<label>.log and bench_<label>_<round>.log; the tables' rows are printed.
