@@ -21,7 +21,7 @@ constexpr float kMinQuantScale = 1e-12f;
 // amax / fp8_max(f), correctly rounded. On the GPU in three FP32 operations
 // (q = amax * (1 / c), then one correction by the remainder r = amax - q * c)
 // instead of a division (about ten instructions and a branch, taken per pack
-// by the per-group kernels). benchmarks/check_div_fp8_max.c checks it against
+// by the per-group kernels). tools/check_div_fp8_max.c checks it against
 // the division for every finite float amax (both formats): identical wherever
 // the quotient is at least 1e-13, below which quant_scale floors it at
 // kMinQuantScale anyway. Infinite amax leaves r NaN: q (infinite) is returned

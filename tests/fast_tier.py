@@ -4,7 +4,7 @@ conftest.py marks every test run on the GPU (its ``platform`` parameter is
 "gpu") with ``gpu``, and with ``slow`` unless this table selects it. The
 selection runs every kernel family at least once: for each test, a predicate
 over its parameters (dtypes by name) and the families those cases take on an
-sm_90 GPU (csrc/cuda/norm_fwd.cuh and norm_bwd.cuh route them). A GPU test
+sm_90 GPU (csrc/plan routes them: jax_rmsnorm._ffi.describe_plan). A GPU test
 not named here runs only in the whole suite (``pytest -m gpu tests``).
 """
 

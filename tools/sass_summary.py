@@ -12,7 +12,7 @@ in norm_bwd_{f32,bf16,f16}.cu, by normalization and type of x):
 
     nvcc -std=c++20 -O3 --expt-relaxed-constexpr -DNDEBUG -arch=sm_90 -cubin -Xptxas -v \
         -isystem $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/include \
-        -I csrc -I csrc/cuda csrc/cuda/norm_fwd_rms_bf16.cu -o norm_fwd.cubin
+        -I csrc -I csrc/cuda csrc/cuda/units/fwd_rms_bf16.cu -o fwd_rms_bf16.cubin
     cuobjdump -sass norm_fwd.cubin | python3 tools/sass_summary.py fwd_regs
 
 Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump

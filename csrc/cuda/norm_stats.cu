@@ -166,7 +166,7 @@ __device__ __forceinline__ void each_piece(int64_t start, int64_t H, const P* ga
 // Current scaling's measuring pass: max |y| of each row merged into amax of
 // the row's tensor (zeroed before), and the row's statistics; x only read,
 // on the x statistics' launch shape (below). Measured with the quantizing
-// pass after it: see launch_fwd_current in norm_fwd.cuh. CUT: rows whose
+// pass after it: see plan::plan_current (csrc/plan). CUT: rows whose
 // width is not a multiple of a pack, cut as each_piece cuts them.
 // RMSNorm: y = x * rstd * scale with rstd > 0 common to the row, so max |y| =
 // rstd * max |x * scale|, and one reduction a row takes both sums.

@@ -204,7 +204,8 @@ enum class RegsVariant : uint8_t {
 // fwd_decode's residual add: none; residual and h in x's dtype; or either float32.
 enum class DecodeResidual : uint8_t { kNone, kSame, kAny };
 
-// fwd_decode's named configuration (a class-type template parameter).
+// fwd_decode's named configuration (its fields are the kernel's template
+// arguments).
 struct DecodeConfig {
   int items = 2;       // packs a thread: 2; 4 for the widest rows; 1 for RMSNorm's residual add
   bool plain = false;  // gamma (and beta) given, not zero-centred: nothing to decide a pack

@@ -28,12 +28,13 @@ namespace jrn::cuda {
 namespace {
 using namespace ::jrn::fwd;
 
-template <NormKind K, class T, int VEC, plan::DecodeConfig C>
+//
+// ITEMS, PLAIN, SPLIT and R are the fields of the plan's plan::DecodeConfig
+// (a kernel's template arguments cannot be of class type: nvcc's host stubs
+// do not take them).
+template <NormKind K, class T, int VEC, int ITEMS, bool PLAIN, bool SPLIT, plan::DecodeResidual R>
 __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
-  constexpr int ITEMS = C.items;
-  constexpr bool PLAIN = C.plain, SPLIT = C.split;
   using DecodeResid = plan::DecodeResidual;
-  constexpr DecodeResid R = C.resid;
   early_launch_wait();  // launched by launch_early: before any global memory access
   using V = Pack<T, VEC>;
   constexpr int kSums = K == NormKind::kLayer ? 2 : 1;

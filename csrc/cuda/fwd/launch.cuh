@@ -101,8 +101,8 @@ ffi::Error run_decode(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan
   auto launch = [&](auto c) {
     constexpr plan::DecodeConfig C = decltype(c)::value;
     if constexpr (plan::decode_exists(fwd_key<K, Quant::kNone, T, T, VEC>(), C)) {
-      return launch_early(fwd_decode<K, T, VEC, C>, dim3(static_cast<unsigned>(p.ctas), p.parts), dim3(p.threads),
-                          stream, "fwd_decode", a);
+      return launch_early(fwd_decode<K, T, VEC, C.items, C.plain, C.split, C.resid>,
+                          dim3(static_cast<unsigned>(p.ctas), p.parts), dim3(p.threads), stream, "fwd_decode", a);
     } else {
       return no_instance("fwd_decode");
     }
