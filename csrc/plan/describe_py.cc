@@ -53,10 +53,11 @@ Device device_of(const nb::dict& d) {
   return dev;
 }
 
-FwdProblem fwd_problem_of(const nb::dict& d) {
-  FwdProblem p;
+// The fields both directions' problems share: the normalization, the
+// dtypes and the shape.
+template <class Problem>
+void read_common(const nb::dict& d, Problem& p) {
   p.kind = kind_of(d);
-  p.quant = quant_of(d);
   p.x = dtype(d, "dtype", DType::kBF16);
   p.param = dtype(d, "param_dtype", p.x);
   if (p.param != p.x && p.param != DType::kF32) throw std::invalid_argument("param_dtype must be float32 or x's");
@@ -65,6 +66,12 @@ FwdProblem fwd_problem_of(const nb::dict& d) {
   p.groups = get(d, "groups", 1);
   if (p.rows < 0 || p.hidden < 1 || p.groups < 1) throw std::invalid_argument("rows >= 0, hidden >= 1, groups >= 1");
   p.gamma = flag(d, "gamma", true);
+}
+
+FwdProblem fwd_problem_of(const nb::dict& d) {
+  FwdProblem p;
+  read_common(d, p);
+  p.quant = quant_of(d);
   p.beta = p.kind == NormKind::kLayer && flag(d, "beta", true);
   p.zero_centered = flag(d, "zero_centered", false);
   p.residual = flag(d, "residual", false);
@@ -83,15 +90,7 @@ FwdProblem fwd_problem_of(const nb::dict& d) {
 
 BwdProblem bwd_problem_of(const nb::dict& d) {
   BwdProblem p;
-  p.kind = kind_of(d);
-  p.x = dtype(d, "dtype", DType::kBF16);
-  p.param = dtype(d, "param_dtype", p.x);
-  if (p.param != p.x && p.param != DType::kF32) throw std::invalid_argument("param_dtype must be float32 or x's");
-  p.rows = get(d, "rows", 0);
-  p.hidden = get(d, "hidden", 0);
-  p.groups = get(d, "groups", 1);
-  if (p.rows < 0 || p.hidden < 1 || p.groups < 1) throw std::invalid_argument("rows >= 0, hidden >= 1, groups >= 1");
-  p.gamma = flag(d, "gamma", true);
+  read_common(d, p);
   p.param_outputs = static_cast<int>(get(d, "param_outputs", 1));
   p.slots = get(d, "slots", 0);
   p.coef = flag(d, "coef", false);

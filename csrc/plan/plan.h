@@ -217,17 +217,22 @@ struct DecodeConfig {
 // fwd_slices' named configurations. Each is one set of the kernel's
 // compile-time choices (SliceConfig); the comment says when the plan picks it.
 enum class SliceVariant : uint8_t {
-  kBase,                // the default: a row's stage refilled right after its reduction
-  kHeldParams,          // one CTA a row: gamma (and beta) held in registers across rows (slice-one-cta)
-  kHeldParamsYSmem,     // LayerNorm's per-row FP8 of bf16 in one-warp CTAs: held parameters, y in shared memory
-  kClusterRefill,       // across a cluster: the stage refilled with the row after next at the row's end
-  kHoldY,               // per-row / RMSNorm per-group FP8 of 16-bit x: y (RMSNorm: x * gamma) held in registers
-  kHoldYCapped,         // kHoldY at kSliceRowRegs registers (per row; see row-cap-fits)
-  kClusterHoldY,        // per-row FP8 of 16-bit x across a cluster: y held, two rows in flight
-  kClusterHoldYCapped,  // kClusterHoldY at kSliceRowRegs registers
-  kStagedParams,        // LayerNorm's plain forward of 16-bit x, float32 parameters: gamma, beta staged in smem
-  kStagedHalves,        // LayerNorm's plain forward across clusters of 4-8: staged, CTAs half as wide
-  kStagedHalvesHoldY,   // LayerNorm's per-row FP8 of bf16 across a cluster: staged, halves, y held
+  kBase,                // whatever no variant below takes (e.g. RMSNorm's per-tensor FP8 across a cluster)
+  kHeldParams,          // one CTA a row: LayerNorm's per-tensor/per-group FP8 and plain 16-bit rows of > 256
+                        // threads, RMSNorm's FP8 outputs of 16-bit x in one-warp CTAs: gamma/beta held in registers
+  kHeldParamsYSmem,     // LayerNorm's per-row FP8 of bf16 x in one-warp CTAs: held parameters, y in shared memory
+  kClusterRefill,       // across a cluster: the plain norms, LayerNorm's per-tensor FP8 (row after next in flight)
+  kHoldY,               // one CTA a row: LayerNorm's per-row FP8 of 16-bit x, RMSNorm's per-row / per-group
+                        // FP8 of 16-bit x from kSliceRmsHoldThreads threads: y (RMSNorm: x * gamma) held
+  kHoldYCapped,         // kHoldY per row where the kSliceRowRegs cap applies (parameters in x's dtype, or a CTA more)
+  kClusterHoldY,        // per-row FP8 of 16-bit x across a cluster: y held, the row after next in flight
+  kClusterHoldYCapped,  // kClusterHoldY where the kSliceRowRegs cap applies
+  kStagedParams,        // LayerNorm's plain forward of 16-bit x with float32 gamma and beta given: staged in
+                        // shared memory, in a cluster twice the natural size
+  kStagedHalves,        // LayerNorm's plain forward (16-byte parameter packs) across clusters of 4-8: staged,
+                        // CTAs half as wide
+  kStagedHalvesHoldY,   // LayerNorm's per-row FP8 of bf16 x across a cluster of CTAs of <= 256 threads: staged,
+                        // halves, y held
 };
 const char* name_of(SliceVariant v);
 
