@@ -223,7 +223,8 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
     Args:
       x: ``(..., hidden)``, float32, bfloat16 or float16.
       residual: ``x``'s shape; ``x``'s dtype or float32.
-      gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
+      gamma: ``(hidden,)`` scale, float32, bfloat16 or float16 (as in
+        :func:`rms_norm`); None for no scale.
       eps, zero_centered_gamma: as :func:`rms_norm`.
       h_dtype: dtype of ``h``: ``x.dtype`` (default) or float32 (keep the
         residual stream in float32 while ``x`` is bf16/f16). The sum is taken
@@ -253,7 +254,7 @@ def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, bet
     """Residual add fused with LayerNorm: ``h = x + residual``, ``y = layer_norm(h)``.
 
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
-    gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
+    float32, bfloat16 or float16). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
     y, h, _, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                       h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
@@ -291,8 +292,12 @@ def rms_norm_fp8(x: Array, gamma: Optional[Array] = None, *, scale, out_dtype=jn
 
     Args:
       x: ``(..., hidden)``, float32, bfloat16 or float16.
-      gamma: ``(hidden,)``, float32 or ``x.dtype``; None for no scale.
-      scale: float32 scalar (array or Python number).
+      gamma: ``(hidden,)``, float32, bfloat16 or float16; None for no scale.
+      scale: float32 scalar: an array, or a Python number, which must be
+        finite and > 0. An array's value is not checked (it is not known at
+        trace time) and is used as it is: zero gives zeros, a negative scale
+        negated codes, an infinite one saturated codes (NaN where ``y`` is
+        0), NaN gives NaN; ``amax`` does not depend on it.
       out_dtype: ``jnp.float8_e4m3fn`` (default) or ``jnp.float8_e5m2``.
 
     Returns:
