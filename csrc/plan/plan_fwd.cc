@@ -18,7 +18,8 @@ void row_launch(FwdPlan& p, int64_t rows, int tpr, int cta_threads) {
 
 bool has_param(const FwdProblem& p) { return p.gamma || (p.kind == NormKind::kLayer && p.beta); }
 
-// fwd_regs' P32 instance: the rows' threads where it takes them, else 0.
+// fwd_regs' P32 instance: the rows' threads where it takes them, else 0
+// (docs/tuning.md: p32-layer-params, p32-rms-row).
 int p32_row_threads(const FwdProblem& p, const FwdKey& k, int64_t nvec, const Device& d) {
   if (p.residual || p.given_stats) return 0;
   const int tpr = row_threads(nvec, kRegItems);
@@ -28,7 +29,8 @@ int p32_row_threads(const FwdProblem& p, const FwdKey& k, int64_t nvec, const De
   return tpr >= 16 && tpr <= kP32RowThreads ? tpr : 0;
 }
 
-// The plain norm's rows that fwd_slices takes although fwd_regs could hold them.
+// The plain norm's rows that fwd_slices takes although fwd_regs could hold
+// them (plain-slices, plain-slices-layer).
 bool plain_slices(const FwdProblem& p, const FwdKey& k, int64_t nvec, const Device& d) {
   if (p.rows <= 2 * static_cast<int64_t>(d.sms)) return false;
   if (p.kind == NormKind::kRms) {
@@ -40,7 +42,7 @@ bool plain_slices(const FwdProblem& p, const FwdKey& k, int64_t nvec, const Devi
 }
 
 // Whether fwd_slices takes the rows (sm_90+, 16-byte packs, no residual or
-// given statistics), and from how many packs a row.
+// given statistics), and from how many packs a row (slices-fit).
 bool slices_fit(const FwdProblem& p, const FwdKey& k, int64_t nvec, bool regs_ok, const Device& d) {
   if (k.fp8_x || !k.packs16()) return false;
   const int64_t regs_cta_vecs = static_cast<int64_t>(p.quant == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
@@ -56,7 +58,7 @@ bool slices_fit(const FwdProblem& p, const FwdKey& k, int64_t nvec, bool regs_ok
 }
 
 // Whether CTAs of `threads` fit one more an SM at kSliceRowRegs registers
-// than at the 64 that two CTAs of kSliceThreads leave.
+// than at the 64 that two CTAs of kSliceThreads leave (row-cap-fits).
 bool row_cap_fits(int threads) {
   return kSmRegisters / (kSliceRowRegs * threads) > kSmRegisters / (kSmRegisters / (2 * kSliceThreads) * threads);
 }
