@@ -498,6 +498,21 @@ def test_shard_map_axis_name():
     _close(jax.jit(inner)(x, g, tx, tg), got[0][1][0], 1e-5, "jvp inside shard_map")
 
 
+def test_sharded_jit():
+    # An Explicit mesh, rows over "data" and the hidden dim over "model":
+    # the tangent map (jnp) is partitioned by XLA, the kernels by their rules.
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"),
+                             axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    x, g, tx, tg = _args(((4, 2 * H), F32, 0.5), ((2 * H,), F32, 1.0), ((4, 2 * H), F32), ((2 * H,), F32), seed=115)
+    put = lambda a, *spec: jax.device_put(a, jax.sharding.NamedSharding(mesh, P(*spec)))
+    f = lambda x, g: (jrn.layer_norm(x, g), jrn.add_rms_norm(x, x, g)[0])
+    checks = lambda p, t: (jax.jvp(f, p, t), _hvp(_sum_loss(f))(p, t))
+    want = jax.jit(checks)((x, g), (tx, tg))
+    with jax.set_mesh(mesh):
+        got = jax.jit(checks)((put(x, "data", "model"), put(g, "model")), (put(tx, "data", "model"), put(tg, "model")))
+    _all_close(got, want, 1e-5, "sharded jit")
+
+
 @pytest.mark.parametrize("method,scatter", [("auto", False), ("scatter", False), ("psum", True)])
 def test_all_reduce_rms_norm(method, scatter):
     n = 4
