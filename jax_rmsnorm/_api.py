@@ -279,7 +279,9 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
 
     Returns:
       ``y`` with ``x``'s shape and dtype. Statistics are computed in float32.
-      Differentiable in ``x`` and ``gamma`` (``dgamma`` in ``gamma``'s dtype).
+      Differentiable in ``x`` and ``gamma`` (``dgamma`` in ``gamma``'s dtype),
+      in forward and reverse mode and to any order: ``jax.grad`` runs the
+      backward kernel, ``jax.jvp`` a jnp tangent (docs/api.md, Gradients).
     """
     y = _fp8_input(RMS, x, gamma, None, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
     if y is not None:
@@ -328,7 +330,9 @@ def rms_norm_fwd(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
 
     Returns:
       ``(y, rstd)``: ``y`` like ``x``; ``rstd = rsqrt(mean(x**2) + eps)``,
-      float32 of shape ``x.shape[:-1]``.
+      float32 of shape ``x.shape[:-1]``. Both differentiable in ``x`` and
+      ``gamma``: ``jax.grad`` runs the backward kernel, into which the
+      cotangent of ``rstd`` enters through the rows' coefficients.
     """
     x = check_x(x)
     gamma, _ = kernel_params(x, check_param(gamma, "gamma", x))
@@ -349,6 +353,7 @@ def rms_norm_bwd(dy: Array, x: Array, rstd: Array, gamma: Optional[Array] = None
 
     Returns:
       ``(dx, dgamma)``: ``dx`` like ``x``; ``dgamma`` like ``gamma`` (None without gamma).
+      Differentiable in every argument (those derivatives are jnp).
     """
     x = check_x(x)
     dy = check_like(dy, "dy", x)
@@ -366,7 +371,8 @@ def layer_norm_fwd(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
 
     Returns:
       ``(y, mean, rstd)``: ``y`` like ``x``; ``mean`` and ``rstd = rsqrt(var + eps)``
-      float32 of shape ``x.shape[:-1]``.
+      float32 of shape ``x.shape[:-1]``. All differentiable, as in
+      :func:`rms_norm_fwd`.
     """
     x = check_x(x)
     gamma, beta = kernel_params(x, check_param(gamma, "gamma", x), check_param(beta, "beta", x))
@@ -381,7 +387,8 @@ def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optiona
     Returns:
       ``(dx, dgamma, dbeta)``: ``dx`` like ``x``; ``dgamma`` like ``gamma`` (None
       without gamma); ``dbeta = sum(dy)`` over rows, in gamma's dtype (``x``'s
-      dtype without gamma), shape ``(hidden,)``.
+      dtype without gamma), shape ``(hidden,)``. Differentiable in every
+      argument (those derivatives are jnp).
     """
     x = check_x(x)
     dy = check_like(dy, "dy", x)

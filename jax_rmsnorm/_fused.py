@@ -3,10 +3,11 @@ norm of an FP8 input (dequantized in the kernel).
 
 One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
 quantization (and ``h``) written once, with the statistics the backward needs.
-The backward of the FP8 variants is straight-through: quantization is treated
-as the identity, so ``dx``/``dgamma``/``dbeta`` are the norm's gradients taken
-at the high-precision input with the cotangent of ``q`` (cast to ``x``'s
-dtype); ``amax`` and the scales have no gradient.
+The derivatives of the FP8 variants are straight-through: quantization is
+treated as the identity, so ``dx``/``dgamma``/``dbeta`` are the norm's
+gradients taken at the high-precision input with the cotangent of ``q`` (cast
+to ``x``'s dtype), and ``q``'s tangent is the norm's, cast to ``q``'s dtype;
+``amax`` and the scales have no derivative.
 """
 
 from __future__ import annotations
@@ -293,7 +294,9 @@ _FP8_DOC = """
     Gradients are straight-through: quantization counts as the identity, so
     ``dx``, ``dgamma`` (``dbeta``, ``dresidual``) are the norm's gradients at the
     high-precision input with the cotangent of ``q`` cast to ``x``'s dtype
-    (JAX hands an FP8 output an FP8 cotangent). The scales have no gradient.
+    (JAX hands an FP8 output an FP8 cotangent). In forward mode ``q``'s
+    tangent is the norm's, cast to ``x``'s dtype and then to ``out_dtype``.
+    The scales have no derivative.
 """
 
 
