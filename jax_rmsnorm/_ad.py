@@ -36,7 +36,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from ._compat import compiled_impl, require_devices_during_lowering
+from ._compat import compiled_impl, require_devices_during_lowering, traced_avals
 
 
 # ---------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def _formula(*args, spec):
 
 def _abstract(*avals, spec):
     # The formula's types (vma, shardings included): what the kernel must give too.
-    return jax.make_jaxpr(partial(_formula, spec=spec))(*avals).out_avals
+    return traced_avals(partial(_formula, spec=spec), avals)
 
 
 def _lowering(ctx, *args, spec):
@@ -273,13 +273,25 @@ def kernel_op(fwd, reference, backward=None, primal=None):
     differentiated, if not ``fwd``'s.
     """
 
+    # The forward with its residuals, differentiable itself: an outer
+    # derivative of the rule below differentiates it in turn (to any order).
     def with_res(static, *args):
         return fwd(static, *args)
 
-    with_res = jax.custom_jvp(with_res, nondiff_argnums=(0,))
-    op = jax.custom_jvp(primal or (lambda static, *args: fwd(static, *args)[0]), nondiff_argnums=(0,))
+    def outputs(static, *args):
+        return fwd(static, *args)[0]
 
-    def tangents(static, primals, tangents):
+    # Named after the forward in jaxprs (custom_jvp_call[name=...]).
+    for f, suffix in ((with_res, "_with_res"), (outputs, "")):
+        f.__name__ = f.__qualname__ = fwd.__name__.removesuffix("_fwd") + suffix
+    with_res = jax.custom_jvp(with_res, nondiff_argnums=(0,))
+    op = jax.custom_jvp(primal or outputs, nondiff_argnums=(0,))
+
+    def rule(static, primals, tangents):
+        """(outs, res) and their tangents: the outputs' from one linear map
+        of the nonzero tangents to the outputs with a derivative; the
+        residuals' zero (only that map reads them, and its own derivative
+        does not)."""
         outs, res = with_res(static, *primals)
         ref = jax.eval_shape(partial(reference, static), *primals)
         t_outs = [None if o is None else SymbolicZero.from_primal_value(o) for o in outs]
@@ -293,16 +305,14 @@ def kernel_op(fwd, reference, backward=None, primal=None):
                                  *(tangents[i] for i in lin_in), spec=spec)
             for j, v in zip(lin_out, vals):
                 t_outs[j] = v
-        return (outs, res), (tuple(t_outs), tuple(None if r is None else SymbolicZero.from_primal_value(r)
-                                                   for r in res))
+        t_res = tuple(None if r is None else SymbolicZero.from_primal_value(r) for r in res)
+        return (outs, res), (tuple(t_outs), t_res)
 
-    @partial(with_res.defjvp, symbolic_zeros=True)
-    def _(static, primals, tangents_in):
-        return tangents(static, primals, tangents_in)
+    with_res.defjvp(rule, symbolic_zeros=True)
 
     @partial(op.defjvp, symbolic_zeros=True)
-    def _(static, primals, tangents_in):
-        (outs, _), (t_outs, _) = tangents(static, primals, tangents_in)
+    def _(static, primals, tangents):
+        (outs, _), (t_outs, _) = rule(static, primals, tangents)
         return outs, t_outs
 
     return op

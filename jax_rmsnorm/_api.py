@@ -1,5 +1,6 @@
-"""Public functions of the plain norms: the custom VJPs over the kernels of
-``_core``, the distributed building blocks and ``all_reduce_rms_norm``."""
+"""Public functions of the plain norms: the differentiable ops over the
+kernels of ``_core`` (see ``_ad``), the distributed building blocks and
+``all_reduce_rms_norm``."""
 
 from __future__ import annotations
 
