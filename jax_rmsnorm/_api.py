@@ -12,8 +12,8 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from ._checks import (Config, as_array, axes_tuple, check_eps, check_hidden_size, check_like, check_param,
-                      check_stat, check_x, dtype_name, is_fp8, no_fp8_options)
+from ._checks import (Config, as_array, check_axis_name, check_bool, check_hidden_size, check_like, check_param,
+                      check_stat, check_x, config, dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
 from ._compat import varying_axes
 from ._core import backward, forward, full_hidden, grad_sums, slice_stats, sliced_forward, sum_to_primal_vma
 from ._fused import _run
@@ -70,9 +70,11 @@ _normalize_sliced.defvjp(_normalize_sliced_fwd, _normalize_sliced_bwd)
 
 
 def _dispatch(x, gamma, beta, cfg, axis_name):
-    if axis_name is None:
+    axes = check_axis_name(axis_name)
+    gamma, beta = kernel_params(x, gamma, beta)
+    if axes is None:
         return _normalize(x, gamma, beta, cfg)
-    return _normalize_sliced(x, gamma, beta, cfg, axes_tuple(axis_name))
+    return _normalize_sliced(x, gamma, beta, cfg, axes)
 
 
 # Statistics of a slice, and normalization with given statistics, as
@@ -138,10 +140,14 @@ _FP8_INPUT_DOC = """
       x_scale: float32; a scalar (one scale for the tensor), or with
         ``group_size`` shape ``x.shape[:-1] + (hidden // group_size,)``: column
         ``c`` of a row reads ``x[..., c] * x_scale[..., c // group_size]``
-        (the layout ``rms_norm_fp8_groupwise`` returns).
+        (the layout ``rms_norm_fp8_groupwise`` returns). A Python number must
+        be finite and > 0; a JAX array's values are used as they are,
+        unchecked (not known at trace time): each code is multiplied by its
+        scale, so a zero, negative, infinite or NaN scale gives zero, negated,
+        infinite or NaN inputs to the norm.
       group_size: columns per scale (must divide the hidden size), or None.
       dtype: ``y``'s dtype, float32, bfloat16 (default) or float16; ``gamma``
-        (``beta``) is float32 or this dtype.
+        and ``beta`` may be any of these three whatever ``dtype`` is.
 
     Its backward dequantizes ``x`` in ``dtype`` and runs the backward kernel
     on it (one more pass over ``x`` than a float input). The cotangent of the
@@ -163,6 +169,7 @@ def _fp8_input(kind, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scal
     return y
 
 
+@staged
 def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
              zero_centered_gamma: bool = False, axis_name=None, x_scale=None, group_size=None,
              dtype=None) -> Array:
@@ -171,8 +178,10 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
     Args:
       x: ``(..., hidden)`` array, float32, bfloat16 or float16 (or FP8 with
         ``x_scale``, below); any rank >= 1.
-      gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
-      eps: added to the mean square, >= 0.
+      gamma: ``(hidden,)`` scale, float32, bfloat16 or float16 (any with any
+        ``x``: the kernels take it in ``x``'s dtype or float32, others are
+        widened to float32); None for no scale.
+      eps: added to the mean square, a Python number >= 0.
       zero_centered_gamma: scale by ``1 + gamma`` (Gemma) instead of ``gamma``.
       axis_name: inside ``shard_map``, the mesh axis name (or tuple of names)
         the hidden dim is split over: ``x`` and ``gamma`` are this device's
@@ -189,9 +198,10 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
         return y
     x = check_x(x)
     gamma = check_param(gamma, "gamma", x)
-    return _dispatch(x, gamma, None, Config(RMS, check_eps(eps), bool(zero_centered_gamma)), axis_name)
+    return _dispatch(x, gamma, None, config(RMS, eps, zero_centered_gamma), axis_name)
 
 
+@staged
 def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                eps: float = 1e-5, zero_centered_gamma: bool = False, axis_name=None, x_scale=None,
                group_size=None, dtype=None) -> Array:
@@ -200,27 +210,30 @@ def layer_norm(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = 
     Args:
       x: ``(..., hidden)`` array, float32, bfloat16 or float16 (or FP8 with
         ``x_scale``, below); any rank >= 1.
-      gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
-      beta: ``(hidden,)`` shift, gamma's dtype (float32 or ``x.dtype`` without
-        gamma); None for no shift.
-      eps: added to the (biased) variance, >= 0.
+      gamma: ``(hidden,)`` scale, float32, bfloat16 or float16 (as in
+        :func:`rms_norm`); None for no scale.
+      beta: ``(hidden,)`` shift, float32, bfloat16 or float16 (gamma's dtype
+        or not); None for no shift.
+      eps: added to the (biased) variance, a Python number >= 0.
       zero_centered_gamma: scale by ``1 + gamma`` instead of ``gamma``.
       axis_name: inside ``shard_map``, the mesh axis name(s) the hidden dim is
         split over (see :func:`rms_norm`); per-row (mean, m2) pairs are
         gathered and merged exactly, two floats a row per device.
 
     Returns:
-      ``y`` with ``x``'s shape and dtype. Differentiable in ``x``, ``gamma``, ``beta``.
+      ``y`` with ``x``'s shape and dtype. Differentiable in ``x``, ``gamma``,
+      ``beta`` (each gradient in its argument's dtype).
     """
     y = _fp8_input(LAYER, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
     if y is not None:
         return y
     x = check_x(x)
     gamma = check_param(gamma, "gamma", x)
-    beta = check_param(beta, "beta", x, dtype_of=gamma)
-    return _dispatch(x, gamma, beta, Config(LAYER, check_eps(eps), bool(zero_centered_gamma)), axis_name)
+    beta = check_param(beta, "beta", x)
+    return _dispatch(x, gamma, beta, config(LAYER, eps, zero_centered_gamma), axis_name)
 
 
+@staged
 def rms_norm_fwd(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
                  zero_centered_gamma: bool = False) -> Tuple[Array, Array]:
     """RMSNorm forward that also returns the statistic the backward needs.
@@ -230,11 +243,12 @@ def rms_norm_fwd(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
       float32 of shape ``x.shape[:-1]``.
     """
     x = check_x(x)
-    gamma = check_param(gamma, "gamma", x)
-    y, _, rstd = forward(x, gamma, None, Config(RMS, check_eps(eps), bool(zero_centered_gamma)))
+    gamma, _ = kernel_params(x, check_param(gamma, "gamma", x))
+    y, _, rstd = forward(x, gamma, None, config(RMS, eps, zero_centered_gamma))
     return y, rstd
 
 
+@staged
 def rms_norm_bwd(dy: Array, x: Array, rstd: Array, gamma: Optional[Array] = None, *,
                  zero_centered_gamma: bool = False) -> Tuple[Array, Optional[Array]]:
     """RMSNorm backward from the forward's saved ``rstd``.
@@ -252,10 +266,12 @@ def rms_norm_bwd(dy: Array, x: Array, rstd: Array, gamma: Optional[Array] = None
     dy = check_like(dy, "dy", x)
     rstd = check_stat(rstd, "rstd", x)
     gamma = check_param(gamma, "gamma", x)
-    dx, dgamma, _ = backward(dy, x, None, rstd, gamma, None, Config(RMS, 0.0, bool(zero_centered_gamma)))
-    return dx, dgamma
+    cfg = Config(RMS, 0.0, check_bool(zero_centered_gamma, "zero_centered_gamma"))
+    dx, dgamma, _ = backward(dy, x, None, rstd, kernel_params(x, gamma)[0], None, cfg)
+    return dx, (None if gamma is None else dgamma.astype(gamma.dtype))
 
 
+@staged
 def layer_norm_fwd(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                    eps: float = 1e-5, zero_centered_gamma: bool = False) -> Tuple[Array, Array, Array]:
     """LayerNorm forward that also returns the statistics the backward needs.
@@ -265,12 +281,12 @@ def layer_norm_fwd(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
       float32 of shape ``x.shape[:-1]``.
     """
     x = check_x(x)
-    gamma = check_param(gamma, "gamma", x)
-    beta = check_param(beta, "beta", x, dtype_of=gamma)
-    y, mean, rstd = forward(x, gamma, beta, Config(LAYER, check_eps(eps), bool(zero_centered_gamma)))
+    gamma, beta = kernel_params(x, check_param(gamma, "gamma", x), check_param(beta, "beta", x))
+    y, mean, rstd = forward(x, gamma, beta, config(LAYER, eps, zero_centered_gamma))
     return y, mean, rstd
 
 
+@staged
 def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optional[Array] = None, *,
                    zero_centered_gamma: bool = False) -> Tuple[Array, Optional[Array], Array]:
     """LayerNorm backward from the forward's saved ``mean`` and ``rstd``.
@@ -285,14 +301,19 @@ def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optiona
     mean = check_stat(mean, "mean", x)
     rstd = check_stat(rstd, "rstd", x)
     gamma = check_param(gamma, "gamma", x)
-    beta_like = jnp.zeros((x.shape[-1],), gamma.dtype if gamma is not None else x.dtype)
-    return backward(dy, x, mean, rstd, gamma, beta_like, Config(LAYER, 0.0, bool(zero_centered_gamma)))
+    cfg = Config(LAYER, 0.0, check_bool(zero_centered_gamma, "zero_centered_gamma"))
+    kernel_gamma, _ = kernel_params(x, gamma)
+    beta_like = jnp.zeros((x.shape[-1],), x.dtype if gamma is None else kernel_gamma.dtype)
+    dx, dgamma, dbeta = backward(dy, x, mean, rstd, kernel_gamma, beta_like, cfg)
+    p_dtype = x.dtype if gamma is None else gamma.dtype
+    return dx, (None if gamma is None else dgamma.astype(p_dtype)), dbeta.astype(p_dtype)
 
 
 # ---------------------------------------------------------------------------
 # distributed building blocks
 
 
+@staged
 def rms_norm_stats(x: Array) -> Array:
     """Per-row sum of squares of this slice of the hidden dim: the statistic
     that devices holding slices of a row add up (with ``psum`` or any
@@ -307,6 +328,7 @@ def rms_norm_stats(x: Array) -> Array:
     return _stats(check_x(x), RMS)
 
 
+@staged
 def rms_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None, *, hidden_size: int,
                    eps: float = 1e-6, zero_centered_gamma: bool = False) -> Array:
     """Normalizes a slice of the hidden dim with statistics of whole rows.
@@ -324,12 +346,13 @@ def rms_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None, *, hid
     """
     x = check_x(x)
     stats = check_stat(stats, "stats", x)
-    gamma = check_param(gamma, "gamma", x)
+    gamma, _ = kernel_params(x, check_param(gamma, "gamma", x))
     hidden = check_hidden_size(hidden_size, x)
-    cfg = Config(RMS, check_eps(eps), bool(zero_centered_gamma))
+    cfg = config(RMS, eps, zero_centered_gamma)
     return _apply(x, gamma, None, None, jax.lax.rsqrt(stats / hidden + cfg.eps), cfg)
 
 
+@staged
 def layer_norm_stats(x: Array) -> Array:
     """Per-row ``(mean, m2)`` of this slice of the hidden dim, ``m2 =
     sum((x - mean)**2)``: gather these from the devices holding slices of a
@@ -343,6 +366,7 @@ def layer_norm_stats(x: Array) -> Array:
     return _stats(check_x(x), LAYER)
 
 
+@staged
 def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
                      beta: Optional[Array] = None, *, hidden_size: int, eps: float = 1e-5,
                      zero_centered_gamma: bool = False) -> Array:
@@ -362,8 +386,7 @@ def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
       Differentiable in ``x``, ``stats``, ``gamma`` and ``beta``.
     """
     x = check_x(x)
-    gamma = check_param(gamma, "gamma", x)
-    beta = check_param(beta, "beta", x, dtype_of=gamma)
+    gamma, beta = kernel_params(x, check_param(gamma, "gamma", x), check_param(beta, "beta", x))
     hidden = check_hidden_size(hidden_size, x)
     stats = as_array(stats, "stats")
     pair = x.shape[:-1] + (2,)
@@ -378,7 +401,7 @@ def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
         mean, m2 = merge_layer_stats(stats, x.shape[-1])
     else:
         mean, m2 = stats[..., 0], stats[..., 1]
-    cfg = Config(LAYER, check_eps(eps), bool(zero_centered_gamma))
+    cfg = config(LAYER, eps, zero_centered_gamma)
     return _apply(x, gamma, beta, mean, jax.lax.rsqrt(m2 / hidden + cfg.eps), cfg)
 
 
@@ -448,14 +471,14 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
     gamma = check_param(gamma, "gamma", x)
     if method not in _ALL_REDUCE_METHODS:
         raise ValueError(f"method must be one of {_ALL_REDUCE_METHODS}, got {method!r}")
-    axes = axes_tuple(axis_name)
+    cfg = config(RMS, eps, zero_centered_gamma)
+    axes = check_axis_name(axis_name, required=True)
     n = math.prod(jax.lax.axis_size(a) for a in axes)
-    if scatter:
+    if check_bool(scatter, "scatter"):
         if x.ndim < 2 or x.shape[0] % n:
             raise ValueError(f"scatter=True needs partial_sum's first axis to be a multiple of the "
                              f"axis size {n}, got shape {x.shape}")
-        return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=eps,
-                        zero_centered_gamma=zero_centered_gamma)
+        return _all_reduce(x, gamma, cfg, axes, None)
     if method == "nvlink":
         problem = _nvlink_problem(x, n)
         if problem:
@@ -465,7 +488,18 @@ def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, ax
         method = "auto" if not _nvlink_problem(x, n) and nvlink_available() else "psum"
     if n == 1 or x.size == 0:  # nothing to sum, or nothing to launch
         method = "psum"
-    return _all_reduce_norm(x, gamma, Config(RMS, check_eps(eps), bool(zero_centered_gamma)), axes, method)
+    return _all_reduce(x, gamma, cfg, axes, method)
+
+
+@staged
+def _all_reduce(x, gamma, cfg, axes, method):
+    """all_reduce_rms_norm once its arguments are checked and its method
+    chosen (None: scatter=True). The choice reads XLA_FLAGS and the devices,
+    so it is made on every call, outside the staged part."""
+    if method is None:
+        return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=cfg.eps,
+                        zero_centered_gamma=cfg.zero_centered_gamma)
+    return _all_reduce_norm(x, kernel_params(x, gamma)[0], cfg, axes, method)
 
 
 # all_reduce_rms_norm's methods (see its docstring).

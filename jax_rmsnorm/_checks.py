@@ -9,6 +9,8 @@ dtypes only, returns the argument in the form the kernels take, and raises a
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -16,6 +18,9 @@ import jax
 import jax.numpy as jnp
 
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# gamma and beta: any of X_DTYPES with any x (the kernels take them in x's
+# dtype or float32; others are widened to float32, see kernel_params).
+PARAM_DTYPES = X_DTYPES
 FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
 # The output dtypes of the norm of an FP8 x.
@@ -30,22 +35,75 @@ class Config:
     zero_centered_gamma: bool
 
 
-def axes_tuple(axis_name):
-    """A mesh axis name, or a tuple or list of them, as a tuple."""
-    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+def config(kind, eps, zero_centered_gamma) -> Config:
+    """The checked configuration of a norm call."""
+    return Config(kind, check_eps(eps), check_bool(zero_centered_gamma, "zero_centered_gamma"))
 
 
 def dtype_name(dt) -> str:
     return np.dtype(dt).name
 
 
+def describe(v) -> str:
+    """How an error shows a bad argument: an array by its dtype and shape,
+    anything else by its type and value."""
+    if hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, np.generic):
+        return f"a {dtype_name(v.dtype)} array of shape {tuple(v.shape)}"
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
 def as_array(v, name):
     if not hasattr(v, "shape") or not hasattr(v, "dtype"):
         try:
             v = jnp.asarray(v)
-        except TypeError as e:
-            raise TypeError(f"{name} must be an array, got {type(v).__name__}") from e
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be an array, got {describe(v)}") from e
     return v
+
+
+# ---------------------------------------------------------------------------
+# staging
+
+
+def staged(fn):
+    """Runs the public function ``fn`` inside ``jax.jit``: its arrays
+    (JAX's, traced or not, and NumPy's) are the jit's arguments, every other
+    argument (numbers, bools, dtypes, names, None) is static. An eager call
+    then makes one dispatch and no host-to-device transfer of the library's
+    own (its placeholders, constants and Python-number scales are compiled
+    in), and so does its gradient; under ``jax.disable_jit()`` it runs
+    eagerly. Checks still run at trace time. With an argument that is
+    neither an array nor hashable, ``fn`` is called as it is."""
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        signature.bind(*args, **kwargs)  # a missing or unknown argument: Python's own error, here
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        dynamic = tuple(isinstance(v, (jax.Array, np.ndarray)) for v in leaves)
+        # With each value's type: 1, 1.0 and True are equal keys, but not the same argument.
+        static = tuple(None if d else (type(v), v) for d, v in zip(dynamic, leaves))
+        try:
+            jitted = _staged(fn, tree, static, dynamic)
+        except TypeError:  # an unhashable argument
+            return fn(*args, **kwargs)
+        return jitted(*(v for d, v in zip(dynamic, leaves) if d))
+
+    return call
+
+
+@functools.lru_cache(maxsize=4096)
+def _staged(fn, tree, static, dynamic):
+    def body(*arrays):
+        it = iter(arrays)
+        leaves = [next(it) if d else s[1] for d, s in zip(dynamic, static)]
+        args, kwargs = jax.tree.unflatten(tree, leaves)
+        return fn(*args, **kwargs)
+
+    body.__name__ = body.__qualname__ = fn.__name__
+    return jax.jit(body)
 
 
 def is_fp8(x) -> bool:
@@ -70,23 +128,31 @@ def check_x(x, name="x", dtypes=X_DTYPES):
     return x
 
 
-def check_param(p, name, x, dtype_of=None):
-    """gamma or beta: None, or ``(hidden,)`` in float32 or x's dtype (with
-    ``dtype_of``: in that array's dtype)."""
+def check_param(p, name, x):
+    """gamma or beta: None, or ``(hidden,)`` in float32, bfloat16 or float16
+    (any of them with any x)."""
     if p is None:
         return None
     p = as_array(p, name)
     hidden = x.shape[-1]
     if p.shape != (hidden,):
         raise ValueError(f"{name} must have shape ({hidden},) to match x's hidden size, got {p.shape}")
-    if dtype_of is not None:
-        if p.dtype != dtype_of.dtype:
-            raise TypeError(f"{name} must have gamma's dtype {dtype_name(dtype_of.dtype)}, "
-                            f"got {dtype_name(p.dtype)}")
-    elif p.dtype not in (jnp.float32, x.dtype):
-        raise TypeError(f"{name} must be float32 or x's dtype {dtype_name(x.dtype)}, "
-                        f"got {dtype_name(p.dtype)}")
+    if p.dtype not in PARAM_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {dtype_name(p.dtype)}")
     return p
+
+
+def kernel_params(x, gamma, beta=None):
+    """gamma and beta as the kernels on ``x`` take them: both in x's dtype or
+    both in float32. Parameters that are not (a bf16 gamma of a float32 x,
+    unlike dtypes of gamma and beta) are widened to float32, exactly; the
+    cast's own gradient brings dgamma/dbeta back in each one's dtype."""
+    present = [p for p in (gamma, beta) if p is not None]
+    dtypes = {np.dtype(p.dtype) for p in present}
+    if len(dtypes) <= 1 and dtypes <= {np.dtype(jnp.float32), np.dtype(x.dtype)}:
+        return gamma, beta
+    widen = lambda p: None if p is None else p.astype(jnp.float32)
+    return widen(gamma), widen(beta)
 
 
 def check_like(a, name, x):
@@ -118,15 +184,27 @@ def check_residual(residual, x):
     return residual
 
 
-def check_scale(scale):
-    """The given per-tensor FP8 scale: a float32 scalar."""
+def check_scale(scale, name, what):
+    """A per-tensor FP8 scale: a float32 array, or a Python or NumPy number,
+    which must be finite and > 0 and becomes a float32 scalar. A JAX array's
+    values are not checked (they are not known at trace time); ``what`` says
+    what the scale does, for the error of a missing one."""
     if scale is None:
-        raise TypeError("scale is required: the per-tensor float32 scale (q = y * scale)")
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
-        return jnp.float32(scale)
-    scale = as_array(scale, "scale")
+        raise TypeError(f"{name} is required: {what}")
+    if _is_number(scale):
+        v = _number(scale, name, "a float32 array or a Python number")
+        if not (v > 0.0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be finite and > 0, got {scale!r}")
+        return jnp.float32(v)
+    scale = as_array(scale, name)
     if scale.dtype != jnp.float32:
-        raise TypeError(f"scale must be float32, got {dtype_name(scale.dtype)}")
+        raise TypeError(f"{name} must be float32, got {dtype_name(scale.dtype)}")
+    return scale
+
+
+def check_tensor_scale(scale):
+    """The given per-tensor FP8 scale of an FP8 output: a float32 scalar."""
+    scale = check_scale(scale, "scale", "the per-tensor float32 scale (q = y * scale)")
     if scale.shape != ():
         raise ValueError(f"scale must be a scalar (one scale per tensor), got shape {scale.shape}")
     return scale
@@ -141,14 +219,8 @@ def check_fp8_input(x, x_scale, group_size, dtype):
     hidden = x.shape[-1]
     out = check_dtype(jnp.bfloat16 if dtype is None else dtype, OUT_DTYPES,
                       "dtype (the output's, for an FP8 x) must be float32, bfloat16 or float16")
-    if x_scale is None:
-        raise TypeError("x_scale is required with an FP8 x: a float32 scalar (one scale for the tensor) "
-                        "or one scale per group of group_size columns")
-    if isinstance(x_scale, (int, float)) and not isinstance(x_scale, bool):
-        x_scale = jnp.float32(x_scale)
-    x_scale = as_array(x_scale, "x_scale")
-    if x_scale.dtype != jnp.float32:
-        raise TypeError(f"x_scale must be float32, got {dtype_name(x_scale.dtype)}")
+    x_scale = check_scale(x_scale, "x_scale", "with an FP8 x: a float32 scalar (one scale for the tensor) "
+                                              "or one scale per group of group_size columns")
     if group_size is None:
         if x_scale.shape != ():
             raise ValueError(f"x_scale of shape {x_scale.shape} needs group_size (the columns per scale); "
@@ -175,14 +247,24 @@ def no_fp8_options(x_scale, group_size, dtype):
 # Python values
 
 
+def _is_number(v) -> bool:
+    """A Python or NumPy number (a value known at trace time), bools included."""
+    return isinstance(v, (int, float, np.number, np.bool_))
+
+
 def _number(v, name, what):
-    """``v`` as a float: a Python number, not a traced value, string or bool."""
-    if isinstance(v, (str, bytes, bool)) or isinstance(v, jax.core.Tracer):
-        raise TypeError(f"{name} must be {what}, got {type(v).__name__}")
-    try:
-        return float(v)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name} must be {what}, got {type(v).__name__}") from err
+    """``v`` as a float: a Python or NumPy number, not a bool, an array (its
+    value is on the device, or traced) or anything else."""
+    if not _is_number(v) or isinstance(v, (bool, np.bool_)) or np.iscomplexobj(v):
+        raise TypeError(f"{name} must be {what}, got {describe(v)}")
+    return float(v)
+
+
+def check_bool(v, name):
+    """A bool option: Python's or NumPy's (not an array: it picks the kernel)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {describe(v)}")
+    return bool(v)
 
 
 def check_eps(eps):
@@ -191,6 +273,24 @@ def check_eps(eps):
     if not (e >= 0.0 and math.isfinite(e)):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     return e
+
+
+def check_axis_name(axis_name, required=False):
+    """A mesh axis name (str), or a tuple or list of them, bound where the
+    call is traced (inside ``shard_map`` over that axis); as a tuple, or None
+    when not given and not ``required``."""
+    if axis_name is None and not required:
+        return None
+    names = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    if not names or not all(isinstance(a, str) for a in names):
+        raise TypeError(f"axis_name must be a mesh axis name (a str) or a tuple of them, got {describe(axis_name)}")
+    for a in names:
+        try:
+            jax.lax.axis_size(a)
+        except NameError as err:
+            raise ValueError(f"axis_name {a!r} is not a mesh axis here: call this inside shard_map over a mesh "
+                             f"with that axis") from err
+    return names
 
 
 def check_scale_ub(scale_ub):
@@ -203,28 +303,31 @@ def check_scale_ub(scale_ub):
     return v
 
 
-def _check_int(v, name, what, shown):
-    """``v`` as an int (not a bool); ``shown``: how the error shows it."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be {what}, got {shown}")
+# The largest size a call takes (an int32, as the kernels count elements of a row).
+MAX_SIZE = 2 ** 31 - 1
+
+
+def check_size(v, name, what, least=1):
+    """A size: a Python or NumPy int (not a bool) from ``least`` to MAX_SIZE."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int ({what}), got {describe(v)}")
+    if not least <= v <= MAX_SIZE:
+        raise ValueError(f"{name} ({what}) must be from {least} to 2**31 - 1, got {v}")
     return int(v)
 
 
 def check_group_size(group_size, x):
     """Columns per scale: an int >= 1 that divides the hidden size."""
-    g = _check_int(group_size, "group_size", "an int", type(group_size).__name__)
-    if g < 1 or x.shape[-1] % g != 0:
-        raise ValueError(f"group_size must be >= 1 and divide the hidden size {x.shape[-1]}, got {g}")
+    g = check_size(group_size, "group_size", "the columns per scale")
+    if x.shape[-1] % g != 0:
+        raise ValueError(f"group_size must divide the hidden size {x.shape[-1]}, got {g}")
     return g
 
 
 def check_hidden_size(hidden_size, x):
     """The whole row's length, at least x's slice of it."""
-    hidden = _check_int(hidden_size, "hidden_size", "an int (the whole row's length)", repr(hidden_size))
-    if hidden < x.shape[-1]:
-        raise ValueError(f"hidden_size ({hidden}) must be at least x's slice of the hidden dim "
-                         f"({x.shape[-1]})")
-    return hidden
+    return check_size(hidden_size, "hidden_size", "the whole row's length, at least x's slice of it",
+                      least=x.shape[-1])
 
 
 def check_dtype(value, allowed, what):

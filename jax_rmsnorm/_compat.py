@@ -7,8 +7,18 @@ change here only.
 
 from __future__ import annotations
 
+from functools import partial
+
 from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax._src.lib.mlir import ir as _ir
+
+
+def compiled_impl(prim) -> None:
+    """Give ``prim`` the impl rule of JAX's own primitives: an eager call
+    compiles the primitive alone and runs it. ``apply_primitive`` turns
+    ``jax.disable_jit()`` off around that call, so the impl does not reenter
+    ``bind`` (a ``jax.jit`` of ``bind`` would, under ``disable_jit``)."""
+    prim.def_impl(partial(_dispatch.apply_primitive, prim))
 
 
 def require_devices_during_lowering(prim) -> None:

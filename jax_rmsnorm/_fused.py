@@ -19,9 +19,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._checks import (FP8_MAX, Config, axes_tuple, check_eps, check_fp8_input, check_group_size, check_h_dtype,
-                      check_out_dtype, check_param, check_residual, check_scale, check_scale_ub, check_x, dtype_name,
-                      is_fp8, no_fp8_options)
+from ._checks import (FP8_MAX, Config, check_axis_name, check_bool, check_fp8_input, check_group_size, check_h_dtype,
+                      check_out_dtype, check_param, check_residual, check_scale_ub, check_tensor_scale, check_x, config,
+                      dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
 from ._core import backward, full_hidden, grad_sums, param_dtype, slice_stats, sliced_forward, sum_to_primal_vma
 from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused
 
@@ -165,9 +165,7 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
     ``axis_name``: inside shard_map, the mesh axes splitting the hidden dim
     (residual add + norm of a float ``x`` only). ``transpose``: current
     scaling's transposed copy of q too."""
-    if not isinstance(transpose, bool):
-        raise TypeError(f"transpose must be a bool, got {type(transpose).__name__}")
-    spec = dict(quant=quant, transpose=transpose)
+    spec = dict(quant=quant, transpose=check_bool(transpose, "transpose"))
     if is_fp8(x):
         if axis_name is not None:
             raise NotImplementedError("axis_name is not supported with an FP8 x yet")
@@ -178,10 +176,9 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
     else:
         no_fp8_options(x_scale, x_group_size, dtype)
         x = typed = check_x(x)
-    gamma = check_param(gamma, "gamma", typed)
-    if kind == LAYER:
-        beta = check_param(beta, "beta", typed, dtype_of=gamma)
-    eps = check_eps(eps)
+    gamma, beta = kernel_params(typed, check_param(gamma, "gamma", typed), check_param(beta, "beta", typed))
+    norm = config(kind, eps, zero_centered_gamma)
+    axes = check_axis_name(axis_name)
     if residual is not None:
         residual = check_residual(residual, typed)
         spec.update(residual=True, h_dtype=check_h_dtype(h_dtype, typed))
@@ -190,16 +187,15 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
     if quant is not None:
         spec["out_dtype"] = check_out_dtype(out_dtype)
     if quant == "tensor":
-        scale = check_scale(scale)
+        scale = check_tensor_scale(scale)
     if quant == "current":
         scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     if quant in ("row", "group"):
         spec["scale_ub"] = check_scale_ub(scale_ub)
     if quant == "group":
         spec["group_size"] = check_group_size(group_size, x)
-    cfg = _FusedConfig(Config(kind, eps, bool(zero_centered_gamma)), FusedSpec(**spec), np.dtype(x.dtype),
-                       None if residual is None else np.dtype(residual.dtype),
-                       () if axis_name is None else axes_tuple(axis_name))
+    r_dtype = None if residual is None else np.dtype(residual.dtype)
+    cfg = _FusedConfig(norm, FusedSpec(**spec), np.dtype(x.dtype), r_dtype, axes or ())
     return _fused(x, residual, gamma, beta, scale, x_scale, cfg)
 
 
@@ -213,6 +209,7 @@ def _with_h(outs, residual):
 # public API: residual add
 
 
+@staged
 def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
                  zero_centered_gamma: bool = False, h_dtype=None, axis_name=None, x_scale=None, group_size=None,
                  dtype=None):
@@ -226,7 +223,8 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
     Args:
       x: ``(..., hidden)``, float32, bfloat16 or float16.
       residual: ``x``'s shape; ``x``'s dtype or float32.
-      gamma: ``(hidden,)`` scale, float32 or ``x.dtype``; None for no scale.
+      gamma: ``(hidden,)`` scale, float32, bfloat16 or float16 (as in
+        :func:`rms_norm`); None for no scale.
       eps, zero_centered_gamma: as :func:`rms_norm`.
       h_dtype: dtype of ``h``: ``x.dtype`` (default) or float32 (keep the
         residual stream in float32 while ``x`` is bf16/f16). The sum is taken
@@ -249,13 +247,14 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
     return y, h
 
 
+@staged
 def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                    eps: float = 1e-5, zero_centered_gamma: bool = False, h_dtype=None, axis_name=None,
                    x_scale=None, group_size=None, dtype=None):
     """Residual add fused with LayerNorm: ``h = x + residual``, ``y = layer_norm(h)``.
 
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
-    gamma's dtype). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
+    float32, bfloat16 or float16). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
     y, h, _, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                       h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
@@ -282,6 +281,7 @@ _FP8_DOC = """
 """
 
 
+@staged
 def rms_norm_fp8(x: Array, gamma: Optional[Array] = None, *, scale, out_dtype=jnp.float8_e4m3fn,
                  eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
                  h_dtype=None):
@@ -292,8 +292,12 @@ def rms_norm_fp8(x: Array, gamma: Optional[Array] = None, *, scale, out_dtype=jn
 
     Args:
       x: ``(..., hidden)``, float32, bfloat16 or float16.
-      gamma: ``(hidden,)``, float32 or ``x.dtype``; None for no scale.
-      scale: float32 scalar (array or Python number).
+      gamma: ``(hidden,)``, float32, bfloat16 or float16; None for no scale.
+      scale: float32 scalar: an array, or a Python number, which must be
+        finite and > 0. An array's value is not checked (it is not known at
+        trace time) and is used as it is: zero gives zeros, a negative scale
+        negated codes, an infinite one saturated codes (NaN where ``y`` is
+        0), NaN gives NaN; ``amax`` does not depend on it.
       out_dtype: ``jnp.float8_e4m3fn`` (default) or ``jnp.float8_e5m2``.
 
     Returns:
@@ -306,6 +310,7 @@ def rms_norm_fp8(x: Array, gamma: Optional[Array] = None, *, scale, out_dtype=jn
     return _with_h(outs, residual)
 
 
+@staged
 def layer_norm_fp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *, scale,
                    out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
                    residual: Optional[Array] = None, h_dtype=None):
@@ -315,6 +320,7 @@ def layer_norm_fp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
     return _with_h(outs, residual)
 
 
+@staged
 def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn,
                          eps: float = 1e-6, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
                          h_dtype=None, transpose: bool = False):
@@ -344,6 +350,7 @@ def rms_norm_fp8_current(x: Array, gamma: Optional[Array] = None, *, out_dtype=j
     return _with_h(outs, residual)
 
 
+@staged
 def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                            out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
                            residual: Optional[Array] = None, h_dtype=None, transpose: bool = False):
@@ -353,6 +360,7 @@ def layer_norm_fp8_current(x: Array, gamma: Optional[Array] = None, beta: Option
     return _with_h(outs, residual)
 
 
+@staged
 def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: Optional[float] = None,
                          out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6, zero_centered_gamma: bool = False,
                          residual: Optional[Array] = None, h_dtype=None):
@@ -375,6 +383,7 @@ def rms_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, *, scale_ub: O
     return _with_h(outs, residual)
 
 
+@staged
 def layer_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                            scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5,
                            zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
@@ -384,6 +393,7 @@ def layer_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, beta: Option
     return _with_h(outs, residual)
 
 
+@staged
 def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_size: int = 128,
                            scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
                            zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
@@ -402,6 +412,7 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
     return _with_h(outs, residual)
 
 
+@staged
 def layer_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                              group_size: int = 128, scale_ub: Optional[float] = None,
                              out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,

@@ -3,6 +3,7 @@ dtype rules of the module being replaced."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ._api import layer_norm, rms_norm
@@ -32,18 +33,17 @@ def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered
 
     Where ``out_dtype`` is wider than ``x`` (bf16 input with float32 parameters,
     say), ``x`` is widened first so that the kernel writes the wide result
-    directly; the statistics are float32 either way. Parameters are passed in
-    float32 unless they already have the kernel's input dtype.
+    directly; the statistics are float32 either way. The parameters go in
+    their own dtypes (the functions widen them where the kernels need it).
     """
     out_dtype = jnp.dtype(out_dtype)
     widen_to = out_dtype
     if kind == "rms" and bias is not None:
         # RMSNorm with a shift (Equinox has one) adds it after the kernel, in
         # float32 as the module it replaces does.
-        widen_to = jnp.promote_types(out_dtype, jnp.float32)
-    if jnp.promote_types(x.dtype, widen_to) == widen_to and widen_to != x.dtype:
+        widen_to = _promote(out_dtype, jnp.float32)
+    if _promote(x.dtype, widen_to) == widen_to and widen_to != x.dtype:
         x = x.astype(widen_to)
-    scale, bias = _as_params(x.dtype, scale, bias)
     if kind == "rms":
         y = rms_norm(x, scale, eps=eps, zero_centered_gamma=zero_centered_gamma, axis_name=axis_name)
         if bias is not None:
@@ -53,11 +53,8 @@ def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered
     return y.astype(out_dtype)
 
 
-def _as_params(x_dtype, scale, bias):
-    """Parameters in a dtype the kernels take: x's or float32, both the same."""
-    present = [p for p in (scale, bias) if p is not None]
-    dtypes = {p.dtype for p in present}
-    if len(dtypes) > 1 or (dtypes and dtypes.pop() not in (x_dtype, jnp.float32)):
-        cast = lambda p: None if p is None else p.astype(jnp.float32)
-        return cast(scale), cast(bias)
-    return scale, bias
+def _promote(a, b):
+    """JAX's promotion of two dtypes, as the module's own rule (not an
+    implicit promotion, which jax_numpy_dtype_promotion='strict' refuses)."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jnp.promote_types(a, b)

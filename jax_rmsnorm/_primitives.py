@@ -44,7 +44,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import _ffi
-from ._compat import require_devices_during_lowering, tensor_shape, varying_axes, varying_update
+from ._compat import compiled_impl, require_devices_during_lowering, tensor_shape, varying_axes, varying_update
 
 RMS = "rms"
 LAYER = "layer"
@@ -301,8 +301,8 @@ def merge_layer_stats(gathered, slice_len):
     stacked on axis 0, into the whole row's (mean, m2): the exact
     parallel-variance formula, with no cancellation."""
     means, m2s = gathered[..., 0], gathered[..., 1]
-    mean = jnp.mean(means, axis=0)
-    return mean, jnp.sum(m2s, axis=0) + jnp.sum(jnp.square(means - mean), axis=0) * slice_len
+    mean = jnp.mean(means, axis=0, keepdims=True)  # keepdims: no rank promotion (jax_numpy_rank_promotion)
+    return mean[0], jnp.sum(m2s, axis=0) + jnp.sum(jnp.square(means - mean), axis=0) * slice_len
 
 
 def hidden_splittable(fused, slice_len) -> bool:
@@ -837,7 +837,7 @@ def _register(prim, family, abstract, batch):
             return mlir.lower_fun(partial(partitioned, st), multiple_results=True)(ctx, *args)
         return rule
 
-    prim.def_impl(lambda *args, **params: jax.jit(lambda *a: prim.bind(*a, **params))(*args))
+    compiled_impl(prim)
     require_devices_during_lowering(prim)  # custom_partitioning needs the devices while lowering
     prim.def_abstract_eval(abstract)
     batching.primitive_batchers[prim] = batch
