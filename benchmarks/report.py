@@ -6,7 +6,9 @@ common.py's FIELDS) and writes:
 
 - README.md: the performance tables, in place of the lines between
   ``<!-- results:begin -->`` and ``<!-- results:end -->``;
-- benchmarks/RESULTS.md: every GPU's current tables, the method and the commands;
+- benchmarks/RESULTS.md: every GPU's current tables, the method and the commands,
+  and the same-call A/B comparisons of benchmarks/results/ab/*.csv (one file a
+  comparison: columns AB_FIELDS; the median of each cell's rounds);
 - benchmarks/tbps_<gpu>_bf16.png: TB/s against the hidden size, ours, XLA's
   and the copy's, one panel an op (needs matplotlib).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import pathlib
+import statistics
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -56,6 +59,10 @@ FUSED = {
 README_FUSED = {"add_rms": "add + RMSNorm", "rms_fp8": "RMSNorm → FP8", "rms_fp8_row": "FP8 per row",
                 "rms_fp8_group": "FP8 per group"}
 FLOATS = ("us", "tbps", "pct_copy", "copy_tbps", "xla_us", "ratio")
+# An A/B file's columns: two trees built and timed in one run on one GPU, one
+# row per cell and round (before/after: the trees' commits).
+AB_FIELDS = ("gpu", "date", "before", "after", "op", "dtype", "param_dtype", "options", "rows", "hidden", "round",
+             "before_us", "after_us")
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +260,7 @@ python benchmarks/report.py                                     # this file, the
 """
 
 
-def results_md(results):
+def results_md(results, ab_dir=None):
     out = RESULTS_HEAD.rstrip("\n").split("\n")
     for key, rows in results.items():
         cells = current(rows)
@@ -269,7 +276,50 @@ def results_md(results):
             span, commits = _span(used)
             out += ["", f"### {title}", "", f"{what}. Measured {span}; commits {', '.join(commits)}.", ""]
             out += table
+    if ab_dir is not None:
+        out += ab_tables(ab_dir)
     return "\n".join(out) + "\n"
+
+
+def ab_tables(ab_dir):
+    """RESULTS.md's A/B section: per file, each cell's median over its rounds
+    before and after, and the change; the plain norms by shape, the other ops
+    by name."""
+    out = []
+    for path in sorted(pathlib.Path(ab_dir).glob("*.csv")):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        if not rows:
+            continue
+        missing = set(AB_FIELDS) - set(rows[0])
+        if missing:
+            raise SystemExit(f"{path}: not an A/B file (no {', '.join(sorted(missing))})")
+        cells = {}
+        for r in rows:
+            key = (r["op"], r["dtype"], r["param_dtype"], r["options"], f"{r['rows']}x{r['hidden']}")
+            cells.setdefault(key, []).append((float(r["before_us"]), float(r["after_us"])))
+
+        def change(key):
+            b = statistics.median(v[0] for v in cells[key])
+            a = statistics.median(v[1] for v in cells[key])
+            return f"{b:.1f} → {a:.1f} ({(a / b - 1) * 100:+.1f}%)"
+
+        rounds = max(len(v) for v in cells.values())
+        out += ["", f"### {path.stem}: {', '.join(sorted({r['before'] for r in rows}))} → "
+                    f"{', '.join(sorted({r['after'] for r in rows}))}", "",
+                f"{_gpu_name(rows)}, {min(r['date'] for r in rows)}; µs, median of up to {rounds} rounds "
+                f"(before → after, change).", ""]
+        shapes = sorted({k[1:] for k in cells if k[0] in PLAIN}, key=lambda k: (k[0] != "bfloat16", k[1:3], int(k[3].split("x")[1])))
+        head = ["x, params, options, shape"] + list(PLAIN.values())
+        out += _table(head, [[" ".join(filter(None, k))] + [change((op,) + k) if (op,) + k in cells else ""
+                                                            for op in PLAIN] for k in shapes])
+        others = sorted(k for k in cells if k[0] not in PLAIN)
+        if others:
+            pairs = [others[i:i + 2] for i in range(0, len(others), 2)]
+            out += [""] + _table(["op", "change", "op", "change"],
+                                 [sum(([f"{k[0]} {k[4]}", change(k)] for k in p), []) + ["", ""] * (2 - len(p))
+                                  for p in pairs])
+    return ["", "## A/B comparisons"] + out if out else []
 
 
 def replace_block(text, block, name="README.md"):
@@ -337,7 +387,7 @@ def main(argv=None):
     if not results:
         raise SystemExit(f"no rows in {args.results}/*.csv")
     outputs = {args.readme: replace_block(args.readme.read_text(), readme_block(results), str(args.readme)),
-               args.out: results_md(results)}
+               args.out: results_md(results, args.results / "ab")}
     if args.check:
         stale = [str(p) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         if stale:

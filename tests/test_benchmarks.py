@@ -214,6 +214,35 @@ def test_report_tables(tmp_path):
     assert _report(tmp_path, "--check")[0] == 1
 
 
+def test_report_ab_section(tmp_path):
+    (tmp_path / "results" / "ab").mkdir(parents=True)
+    (tmp_path / "README.md").write_text(README)
+    _write(tmp_path / "results" / "h100.csv", [_row("rms_fwd", 1024, 140.0, 1.10, gpu="NVIDIA H100 80GB HBM3")])
+    ab = [dict(gpu="NVIDIA H100 80GB HBM3", date="2026-01-05", before="aaa", after="bbb", op=op, dtype="bfloat16",
+               param_dtype="bfloat16", options="", rows=rows, hidden=hidden, round=k, before_us=b, after_us=a)
+          for op, rows, hidden, k, b, a in [
+              ("rms_fwd", 32768, 4096, 1, 200.0, 190.0), ("rms_fwd", 32768, 4096, 2, 210.0, 196.0),
+              ("rms_fwd", 32768, 4096, 3, 900.0, 192.0),     # an outlier: the median keeps it out
+              ("ln_bwd", 131072, 1024, 1, 300.0, 306.0),
+              ("add_rms", 32768, 4096, 1, 380.0, 380.0)]]
+    with open(tmp_path / "results" / "ab" / "tree.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, report.AB_FIELDS)
+        w.writeheader()
+        w.writerows(ab)
+    code, _, results = _report(tmp_path)
+    assert code == 0
+    section = results[results.index("## A/B comparisons"):]
+    assert "### tree: aaa → bbb" in section and "NVIDIA H100 80GB HBM3, 2026-01-05" in section
+    # Rows by width: 1024 before 4096; cells the median of the rounds.
+    assert section.index("131072x1024") < section.index("32768x4096")
+    assert "| bfloat16 bfloat16 32768x4096 | 210.0 → 192.0 (-8.6%) |  |  |  |" in section
+    assert "| bfloat16 bfloat16 131072x1024 |  |  |  | 300.0 → 306.0 (+2.0%) |" in section
+    assert "| add_rms 32768x4096 | 380.0 → 380.0 (+0.0%) |  |  |" in section
+    (tmp_path / "results" / "ab" / "bad.csv").write_text("op,us\nrms_fwd,1\n")
+    with pytest.raises(SystemExit, match="not an A/B file"):
+        _report(tmp_path)
+
+
 def test_report_needs_markers(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "README.md").write_text("# no markers\n")
