@@ -27,6 +27,7 @@ describes the map (:class:`LinearMap`, or :class:`_Batched` under ``vmap``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from functools import partial
 from typing import Callable, Optional
 
@@ -178,8 +179,16 @@ def _formula(*args, spec):
 
 
 def _abstract(*avals, spec):
-    # The formula's types (vma, shardings included): what the kernel must give too.
-    return traced_avals(partial(_formula, spec=spec), avals)
+    return _formula_avals(spec, avals, jax.config.read("jax_enable_x64"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _formula_avals(spec, avals, x64):
+    """The formula's output types (vma and shardings included), what the
+    kernel must give too. Kept: JAX asks again wherever it checks a jaxpr
+    (jax_enable_checks), and tracing the formula is the costly part."""
+    del x64  # a key only: the types are the same unless x64 changes a dtype
+    return tuple(traced_avals(partial(_formula, spec=spec), avals))
 
 
 def _lowering(ctx, *args, spec):
@@ -261,6 +270,14 @@ batching.primitive_batchers[linear_p] = _batch
 # ops
 
 
+@functools.lru_cache(maxsize=4096)
+def _has_derivative(reference, static, avals, x64):
+    """Which outputs the reference gives (not None) at arguments of these
+    avals: those with a derivative. Kept, as the formula's types are."""
+    del x64  # a key only
+    return tuple(r is not None for r in jax.eval_shape(partial(reference, static), *avals))
+
+
 def kernel_op(fwd, reference, backward=None, primal=None):
     """A differentiable op over kernels, called as ``op(static, *args)``.
 
@@ -293,11 +310,12 @@ def kernel_op(fwd, reference, backward=None, primal=None):
         residuals' zero (only that map reads them, and its own derivative
         does not)."""
         outs, res = with_res(static, *primals)
-        ref = jax.eval_shape(partial(reference, static), *primals)
+        avals = tuple(None if p is None else jax.typeof(p) for p in primals)
+        derivative = _has_derivative(reference, static, avals, jax.config.read("jax_enable_x64"))
         t_outs = [None if o is None else SymbolicZero.from_primal_value(o) for o in outs]
         lin_in = tuple(i for i, (p, t) in enumerate(zip(primals, tangents))
                        if p is not None and type(t) is not SymbolicZero)
-        lin_out = tuple(j for j, (o, r) in enumerate(zip(outs, ref)) if o is not None and r is not None)
+        lin_out = tuple(j for j, (o, d) in enumerate(zip(outs, derivative)) if o is not None and d)
         if lin_in and lin_out:
             spec = LinearMap(_Op(reference, backward, static), False, tuple(p is not None for p in primals),
                              tuple(r is not None for r in res), len(outs), lin_in, lin_out)
