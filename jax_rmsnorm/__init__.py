@@ -1,7 +1,8 @@
 """jax_rmsnorm: RMSNorm and LayerNorm for JAX as XLA FFI custom calls.
 
 CUDA kernels on NVIDIA GPUs and C++ kernels on the CPU, forward and backward,
-under ``jit``, ``grad``, ``vmap`` and ``checkpoint``, partitioned over a mesh
+under ``jit``, ``grad``, ``jvp`` (and derivatives of any order), ``vmap`` and
+``checkpoint``, partitioned over a mesh
 under sharded ``jit`` and usable inside ``shard_map``. See the README for the API
 and docs/api.md for its full semantics.
 """

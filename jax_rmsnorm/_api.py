@@ -1,21 +1,24 @@
-"""Public functions of the plain norms: the custom VJPs over the kernels of
-``_core``, the distributed building blocks and ``all_reduce_rms_norm``."""
+"""Public functions of the plain norms: the differentiable ops over the
+kernels of ``_core`` (see ``_ad``), the distributed building blocks and
+``all_reduce_rms_norm``."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
-from functools import partial
 from typing import Optional, Tuple
 
+import numpy as np
 import jax
 import jax.numpy as jnp
 
 from ._checks import (Config, as_array, check_axis_name, check_bool, check_hidden_size, check_like, check_param,
                       check_stat, check_x, config, dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
 from ._compat import varying_axes
-from ._core import backward, forward, full_hidden, grad_sums, slice_stats, sliced_forward, sum_to_primal_vma
+from ._ad import kernel_op
+from ._core import (backward, forward, full_hidden, grad_sums, moments_reference, normalize_reference,
+                    scale_reference, slice_stats, sliced_forward, sum_to_primal_vma)
 from ._fused import _run
 from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, _placeholder, all_reduce_norm_p,
                           merge_layer_stats, nvlink_available)
@@ -23,76 +26,158 @@ from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, 
 Array = jax.Array
 
 # ---------------------------------------------------------------------------
-# the custom VJPs of one call
+# the ops of one call: each a kernel forward, a jnp reference of its math and
+# a backward (see _ad.kernel_op)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _normalize(x, gamma, beta, cfg):
-    return forward(x, gamma, beta, cfg)[0]
-
-
-def _normalize_fwd(x, gamma, beta, cfg):
+def _normalize_fwd(cfg, x, gamma, beta):
     y, mean, rstd = forward(x, gamma, beta, cfg)
-    return y, (x, gamma, beta, mean, rstd)
+    return (y,), (mean, rstd)
 
 
-def _normalize_bwd(cfg, res, dy):
-    x, gamma, beta, mean, rstd = res
-    grads = backward(dy, x, mean, rstd, gamma, beta, cfg)
-    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta)))
+def _normalize_reference(cfg, x, gamma, beta):
+    return (normalize_reference(x.astype(jnp.float32), gamma, beta, cfg).astype(x.dtype),)
 
 
-_normalize.defvjp(_normalize_fwd, _normalize_bwd)
+def _normalize_bwd(cfg, args, res, cts):
+    x, gamma, beta = args
+    mean, rstd = res
+    grads = backward(cts[0], x, mean, rstd, gamma, beta, cfg)
+    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, args))
+
+
+# (x, gamma, beta) -> (y,)
+_normalize = kernel_op(_normalize_fwd, _normalize_reference, _normalize_bwd)
 
 
 # The hidden dim split over mesh axes inside shard_map: statistics of whole
 # rows are combined over those axes (a few floats a row), never activations.
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _normalize_sliced(x, gamma, beta, cfg, axes):
-    return sliced_forward(x, gamma, beta, cfg, axes)[0]
-
-
-def _normalize_sliced_fwd(x, gamma, beta, cfg, axes):
+def _sliced_fwd(static, x, gamma, beta):
+    cfg, axes = static
     y, mean, rstd = sliced_forward(x, gamma, beta, cfg, axes)
-    return y, (x, gamma, beta, mean, rstd)
+    return (y,), (mean, rstd)
 
 
-def _normalize_sliced_bwd(cfg, axes, res, dy):
-    x, gamma, beta, mean, rstd = res
+def _sliced_reference(static, x, gamma, beta):
+    cfg, axes = static
+    return (normalize_reference(x.astype(jnp.float32), gamma, beta, cfg, axes).astype(x.dtype),)
+
+
+def _sliced_bwd(static, args, res, cts):
+    cfg, axes = static
+    x, gamma, beta = args
+    mean, rstd = res
+    dy = cts[0]
     coef = jax.lax.psum(grad_sums(dy, x, mean, rstd, gamma, cfg), axes) / full_hidden(x, axes)
     grads = backward(dy, x, mean, rstd, gamma, beta, cfg, coef=coef)
-    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta)))
+    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, args))
 
 
-_normalize_sliced.defvjp(_normalize_sliced_fwd, _normalize_sliced_bwd)
+# ((cfg, axes), x, gamma, beta) -> (y,)
+_normalize_sliced = kernel_op(_sliced_fwd, _sliced_reference, _sliced_bwd)
 
 
 def _dispatch(x, gamma, beta, cfg, axis_name):
     axes = check_axis_name(axis_name)
     gamma, beta = kernel_params(x, gamma, beta)
     if axes is None:
-        return _normalize(x, gamma, beta, cfg)
-    return _normalize_sliced(x, gamma, beta, cfg, axes)
+        return _normalize(cfg, x, gamma, beta)[0]
+    return _normalize_sliced((cfg, axes), x, gamma, beta)[0]
+
+
+# The forward with its statistics as outputs (rms_norm_fwd, layer_norm_fwd).
+
+
+def _with_stats_fwd(cfg, x, gamma, beta):
+    y, mean, rstd = forward(x, gamma, beta, cfg)
+    return (y, mean, rstd), (mean, rstd)
+
+
+def _with_stats_reference(cfg, x, gamma, beta):
+    xf = x.astype(jnp.float32)
+    mean, rstd = moments_reference(xf, cfg.kind, cfg.eps)
+    y = normalize_reference(xf, gamma, beta, cfg, mean=mean, rstd=rstd).astype(x.dtype)
+    return y, (None if mean is None else mean[..., 0]), rstd[..., 0]
+
+
+def _with_stats_bwd(cfg, args, res, cts):
+    x, gamma, beta = args
+    mean, rstd = res
+    dy, d_mean, d_rstd = cts
+    dy = jnp.zeros_like(x) if dy is None else dy
+    coef = None
+    if d_mean is not None or d_rstd is not None:
+        # The statistics' cotangents enter the backward kernel through its row
+        # coefficients: d rstd / dx = -rstd^2 xhat / n and d mean / dx = 1 / n
+        # shift mean(gdy * xhat) by d_rstd * rstd / n and mean(gdy) by
+        # -d_mean / (rstd n), in dx = rstd (gdy - mean(gdy) - xhat mean(gdy * xhat)).
+        sums = grad_sums(dy, x, mean, rstd, gamma, cfg)
+        c1 = sums if cfg.kind == RMS else sums[..., 0]
+        if d_rstd is not None:
+            c1 = c1 + d_rstd * rstd
+        if cfg.kind == RMS:
+            coef = c1 / x.shape[-1]
+        else:
+            c2 = sums[..., 1] if d_mean is None else sums[..., 1] - d_mean / rstd
+            coef = jnp.stack([c1, c2], axis=-1) / x.shape[-1]
+    grads = backward(dy, x, mean, rstd, gamma, beta, cfg, coef=coef)
+    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, args))
+
+
+# (x, gamma, beta) -> (y, mean or None, rstd)
+_normalize_with_stats = kernel_op(_with_stats_fwd, _with_stats_reference, _with_stats_bwd)
+
+
+# The backward as a function (rms_norm_bwd, layer_norm_bwd): its own
+# derivatives are its reference's (jnp).
+
+
+def _backward_fwd(static, dy, x, mean, rstd, gamma):
+    cfg, beta_dtype = static
+    beta_like = None if beta_dtype is None else jnp.zeros((x.shape[-1],), beta_dtype)  # dbeta's shape and dtype
+    return backward(dy, x, mean, rstd, gamma, beta_like, cfg), ()
+
+
+def _backward_reference(static, dy, x, mean, rstd, gamma):
+    cfg, beta_dtype = static
+    xf, d = x.astype(jnp.float32), dy.astype(jnp.float32)
+    r = rstd[..., None]
+    xhat = (xf if mean is None else xf - mean[..., None]) * r
+    gdy = scale_reference(d, gamma, cfg.zero_centered_gamma)
+    dx = gdy - xhat * jnp.mean(gdy * xhat, axis=-1, keepdims=True)
+    if cfg.kind == LAYER:
+        dx = dx - jnp.mean(gdy, axis=-1, keepdims=True)
+    rows = tuple(range(x.ndim - 1))
+    dgamma = None if gamma is None else jnp.sum(d * xhat, axis=rows).astype(gamma.dtype)
+    dbeta = None if beta_dtype is None else jnp.sum(d, axis=rows).astype(beta_dtype)
+    return (r * dx).astype(x.dtype), dgamma, dbeta
+
+
+# ((cfg, dbeta's dtype or None), dy, x, mean, rstd, gamma) -> (dx, dgamma, dbeta)
+_backward_op = kernel_op(_backward_fwd, _backward_reference)
 
 
 # Statistics of a slice, and normalization with given statistics, as
 # differentiable building blocks.
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _stats(x, kind):
-    return slice_stats(x, kind)
-
-
-def _stats_fwd(x, kind):
+def _stats_fwd(kind, x):
     stats = slice_stats(x, kind)
-    return stats, (x, stats)
+    return (stats,), (stats,)
 
 
-def _stats_bwd(kind, res, ct):
-    x, stats = res
+def _stats_reference(kind, x):
+    xf = x.astype(jnp.float32)
+    if kind == RMS:
+        return (jnp.sum(xf * xf, axis=-1),)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    return (jnp.stack([mean[..., 0], jnp.sum(jnp.square(xf - mean), axis=-1)], axis=-1),)
+
+
+def _stats_bwd(kind, args, res, cts):
+    (x,), (stats,), (ct,) = args, res, cts
     xf = x.astype(jnp.float32)
     if kind == RMS:  # d sum(x^2) = 2 x
         return ((2.0 * xf * ct[..., None]).astype(x.dtype),)
@@ -102,20 +187,23 @@ def _stats_bwd(kind, res, ct):
     return (dx.astype(x.dtype),)
 
 
-_stats.defvjp(_stats_fwd, _stats_bwd)
+# (x,) -> (stats,)
+_stats = kernel_op(_stats_fwd, _stats_reference, _stats_bwd)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _apply(x, gamma, beta, mean, rstd, cfg):
-    return forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)[0]
+def _apply_fwd(cfg, x, gamma, beta, mean, rstd):
+    return (forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)[0],), ()
 
 
-def _apply_fwd(x, gamma, beta, mean, rstd, cfg):
-    return _apply(x, gamma, beta, mean, rstd, cfg), (x, gamma, beta, mean, rstd)
+def _apply_reference(cfg, x, gamma, beta, mean, rstd):
+    y = normalize_reference(x.astype(jnp.float32), gamma, beta, cfg, mean=None if mean is None else mean[..., None],
+                            rstd=rstd[..., None])
+    return (y.astype(x.dtype),)
 
 
-def _apply_bwd(cfg, res, dy):
-    x, gamma, beta, mean, rstd = res
+def _apply_bwd(cfg, args, res, cts):
+    x, gamma, beta, mean, rstd = args
+    dy = cts[0]
     layer = cfg.kind == LAYER
     # With mean and rstd held fixed: dx = rstd * gdy, i.e. the backward with
     # zero row coefficients; their own gradients from the row sums of gdy.
@@ -123,10 +211,11 @@ def _apply_bwd(cfg, res, dy):
     dx, dgamma, dbeta = backward(dy, x, mean, rstd, gamma, beta, cfg, coef=jnp.zeros_like(sums))
     dmean = -rstd * sums[..., 1] if layer else None
     grads = (dx, dgamma, dbeta, dmean, sums[..., 0] if layer else sums)
-    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, (x, gamma, beta, mean, rstd)))
+    return tuple(sum_to_primal_vma(g, p) for g, p in zip(grads, args))
 
 
-_apply.defvjp(_apply_fwd, _apply_bwd)
+# (x, gamma, beta, mean, rstd) -> (y,)
+_apply = kernel_op(_apply_fwd, _apply_reference, _apply_bwd)
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +280,9 @@ def rms_norm(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
 
     Returns:
       ``y`` with ``x``'s shape and dtype. Statistics are computed in float32.
-      Differentiable in ``x`` and ``gamma`` (``dgamma`` in ``gamma``'s dtype).
+      Differentiable in ``x`` and ``gamma`` (``dgamma`` in ``gamma``'s dtype),
+      in forward and reverse mode and to any order: ``jax.grad`` runs the
+      backward kernel, ``jax.jvp`` a jnp tangent (docs/api.md, Gradients).
     """
     y = _fp8_input(RMS, x, gamma, None, eps, zero_centered_gamma, axis_name, x_scale, group_size, dtype)
     if y is not None:
@@ -240,11 +331,13 @@ def rms_norm_fwd(x: Array, gamma: Optional[Array] = None, *, eps: float = 1e-6,
 
     Returns:
       ``(y, rstd)``: ``y`` like ``x``; ``rstd = rsqrt(mean(x**2) + eps)``,
-      float32 of shape ``x.shape[:-1]``.
+      float32 of shape ``x.shape[:-1]``. Both differentiable in ``x`` and
+      ``gamma``: ``jax.grad`` runs the backward kernel, into which the
+      cotangent of ``rstd`` enters through the rows' coefficients.
     """
     x = check_x(x)
     gamma, _ = kernel_params(x, check_param(gamma, "gamma", x))
-    y, _, rstd = forward(x, gamma, None, config(RMS, eps, zero_centered_gamma))
+    y, _, rstd = _normalize_with_stats(config(RMS, eps, zero_centered_gamma), x, gamma, None)
     return y, rstd
 
 
@@ -261,13 +354,14 @@ def rms_norm_bwd(dy: Array, x: Array, rstd: Array, gamma: Optional[Array] = None
 
     Returns:
       ``(dx, dgamma)``: ``dx`` like ``x``; ``dgamma`` like ``gamma`` (None without gamma).
+      Differentiable in every argument (those derivatives are jnp).
     """
     x = check_x(x)
     dy = check_like(dy, "dy", x)
     rstd = check_stat(rstd, "rstd", x)
     gamma = check_param(gamma, "gamma", x)
     cfg = Config(RMS, 0.0, check_bool(zero_centered_gamma, "zero_centered_gamma"))
-    dx, dgamma, _ = backward(dy, x, None, rstd, kernel_params(x, gamma)[0], None, cfg)
+    dx, dgamma, _ = _backward_op((cfg, None), dy, x, None, rstd, kernel_params(x, gamma)[0])
     return dx, (None if gamma is None else dgamma.astype(gamma.dtype))
 
 
@@ -278,12 +372,12 @@ def layer_norm_fwd(x: Array, gamma: Optional[Array] = None, beta: Optional[Array
 
     Returns:
       ``(y, mean, rstd)``: ``y`` like ``x``; ``mean`` and ``rstd = rsqrt(var + eps)``
-      float32 of shape ``x.shape[:-1]``.
+      float32 of shape ``x.shape[:-1]``. All differentiable, as in
+      :func:`rms_norm_fwd`.
     """
     x = check_x(x)
     gamma, beta = kernel_params(x, check_param(gamma, "gamma", x), check_param(beta, "beta", x))
-    y, mean, rstd = forward(x, gamma, beta, config(LAYER, eps, zero_centered_gamma))
-    return y, mean, rstd
+    return _normalize_with_stats(config(LAYER, eps, zero_centered_gamma), x, gamma, beta)
 
 
 @staged
@@ -294,7 +388,8 @@ def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optiona
     Returns:
       ``(dx, dgamma, dbeta)``: ``dx`` like ``x``; ``dgamma`` like ``gamma`` (None
       without gamma); ``dbeta = sum(dy)`` over rows, in gamma's dtype (``x``'s
-      dtype without gamma), shape ``(hidden,)``.
+      dtype without gamma), shape ``(hidden,)``. Differentiable in every
+      argument (those derivatives are jnp).
     """
     x = check_x(x)
     dy = check_like(dy, "dy", x)
@@ -303,8 +398,8 @@ def layer_norm_bwd(dy: Array, x: Array, mean: Array, rstd: Array, gamma: Optiona
     gamma = check_param(gamma, "gamma", x)
     cfg = Config(LAYER, 0.0, check_bool(zero_centered_gamma, "zero_centered_gamma"))
     kernel_gamma, _ = kernel_params(x, gamma)
-    beta_like = jnp.zeros((x.shape[-1],), x.dtype if gamma is None else kernel_gamma.dtype)
-    dx, dgamma, dbeta = backward(dy, x, mean, rstd, kernel_gamma, beta_like, cfg)
+    beta_dtype = np.dtype(x.dtype if gamma is None else kernel_gamma.dtype)
+    dx, dgamma, dbeta = _backward_op((cfg, beta_dtype), dy, x, mean, rstd, kernel_gamma)
     p_dtype = x.dtype if gamma is None else gamma.dtype
     return dx, (None if gamma is None else dgamma.astype(p_dtype)), dbeta.astype(p_dtype)
 
@@ -325,7 +420,7 @@ def rms_norm_stats(x: Array) -> Array:
     Returns:
       ``sum(x**2, axis=-1)`` in float32, shape ``x.shape[:-1]``. Differentiable.
     """
-    return _stats(check_x(x), RMS)
+    return _stats(RMS, check_x(x))[0]
 
 
 @staged
@@ -349,7 +444,7 @@ def rms_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None, *, hid
     gamma, _ = kernel_params(x, check_param(gamma, "gamma", x))
     hidden = check_hidden_size(hidden_size, x)
     cfg = config(RMS, eps, zero_centered_gamma)
-    return _apply(x, gamma, None, None, jax.lax.rsqrt(stats / hidden + cfg.eps), cfg)
+    return _apply(cfg, x, gamma, None, None, jax.lax.rsqrt(stats / hidden + cfg.eps))[0]
 
 
 @staged
@@ -363,7 +458,7 @@ def layer_norm_stats(x: Array) -> Array:
     Returns:
       float32 ``x.shape[:-1] + (2,)``. Differentiable.
     """
-    return _stats(check_x(x), LAYER)
+    return _stats(LAYER, check_x(x))[0]
 
 
 @staged
@@ -402,7 +497,7 @@ def layer_norm_apply(x: Array, stats: Array, gamma: Optional[Array] = None,
     else:
         mean, m2 = stats[..., 0], stats[..., 1]
     cfg = config(LAYER, eps, zero_centered_gamma)
-    return _apply(x, gamma, beta, mean, jax.lax.rsqrt(m2 / hidden + cfg.eps), cfg)
+    return _apply(cfg, x, gamma, beta, mean, jax.lax.rsqrt(m2 / hidden + cfg.eps))[0]
 
 
 def all_reduce_rms_norm(partial_sum: Array, gamma: Optional[Array] = None, *, axis_name,
@@ -499,7 +594,7 @@ def _all_reduce(x, gamma, cfg, axes, method):
     if method is None:
         return rms_norm(jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True), gamma, eps=cfg.eps,
                         zero_centered_gamma=cfg.zero_centered_gamma)
-    return _all_reduce_norm(x, kernel_params(x, gamma)[0], cfg, axes, method)
+    return _all_reduce_norm((cfg, tuple(axes), method), x, kernel_params(x, gamma)[0])[0]
 
 
 # all_reduce_rms_norm's methods (see its docstring).
@@ -533,15 +628,15 @@ def _nvlink_norm(x, gamma, cfg, axes, fallback):
                                   has_gamma=gamma is not None, fallback=fallback)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _all_reduce_norm(x, gamma, cfg, axes, method):
+def _all_reduce_primal(static, x, gamma):
     """Reduce-scatter the rows, normalize this device's share, all-gather
     ("scatter"); sum and normalize in one kernel ("nvlink"; "auto": that on
     CUDA, psum elsewhere); or all-reduce and normalize every row ("psum")."""
+    cfg, axes, method = static
     if method in ("nvlink", "auto"):  # "auto": psum + norm where lowered for the CPU, or exported
-        return _nvlink_norm(x, gamma, cfg, axes, fallback=method == "auto")[0]
+        return (_nvlink_norm(x, gamma, cfg, axes, fallback=method == "auto")[0],)
     if method != "scatter":  # the differentiated forward's own output
-        return _all_reduce_norm_fwd(x, gamma, cfg, axes, method)[0]
+        return _all_reduce_fwd(static, x, gamma)[0]
     n = math.prod(jax.lax.axis_size(a) for a in axes)
     rows = x.reshape(-1, x.shape[-1])
     pad = -rows.shape[0] % n
@@ -550,29 +645,37 @@ def _all_reduce_norm(x, gamma, cfg, axes, method):
     mine = forward(jax.lax.psum_scatter(rows, axes, scatter_dimension=0, tiled=True), gamma, None, cfg)[0]
     # Invariant over `axes` (the same on every device), as psum's result is.
     out = jax.lax.all_gather(mine, axes, axis=0, tiled=True, to="invarying")
-    return out[: out.shape[0] - pad].reshape(x.shape)
+    return (out[: out.shape[0] - pad].reshape(x.shape),)
 
 
-def _all_reduce_norm_fwd(x, gamma, cfg, axes, method):
+def _all_reduce_fwd(static, x, gamma):
     # Differentiated, every method all-reduces: the backward needs the whole
     # sum on every device, which the "nvlink" kernel does not write.
+    cfg, axes, _ = static
     total = jax.lax.psum(x, axes)
     y, _, rstd = forward(total, gamma, None, cfg)
-    # An empty slice of x keeps its type (the mesh axes it varies over).
-    return y, (x.reshape(-1)[:0], total, gamma, rstd)
+    return (y,), (total, rstd)
 
 
-def _all_reduce_norm_bwd(cfg, axes, method, res, dy):
-    x_type, total, gamma, rstd = res
-    dx, dgamma, _ = backward(dy, total, None, rstd, gamma, None, cfg)
+def _all_reduce_reference(static, x, gamma):
+    cfg, axes, _ = static
+    return (normalize_reference(jax.lax.psum(x, axes).astype(jnp.float32), gamma, None, cfg).astype(x.dtype),)
+
+
+def _all_reduce_bwd(static, args, res, cts):
+    cfg = static[0]
+    x, gamma = args
+    total, rstd = res
+    dx, dgamma, _ = backward(cts[0], total, None, rstd, gamma, None, cfg)
     # psum's transpose: every device's partial sum gets the whole gradient.
-    extra = varying_axes(jax.typeof(x_type)) - varying_axes(jax.typeof(dx))
+    extra = varying_axes(jax.typeof(x)) - varying_axes(jax.typeof(dx))
     if extra:
         dx = jax.lax.pcast(dx, tuple(sorted(extra)), to="varying")
     return dx, sum_to_primal_vma(dgamma, gamma)
 
 
-_all_reduce_norm.defvjp(_all_reduce_norm_fwd, _all_reduce_norm_bwd)
+# ((cfg, axes, method), x, gamma) -> (y,)
+_all_reduce_norm = kernel_op(_all_reduce_fwd, _all_reduce_reference, _all_reduce_bwd, primal=_all_reduce_primal)
 
 
 rms_norm.__doc__ += _FP8_INPUT_DOC

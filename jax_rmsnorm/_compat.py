@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import jax
 from jax._src import dispatch as _dispatch  # no public hook for this yet
 from jax._src.lib.mlir import ir as _ir
 
@@ -54,3 +55,11 @@ def varying_update(aval, vma) -> dict:
     if hasattr(aval, "vma"):
         return {"vma": vma}
     return {}
+
+
+def traced_avals(fn, avals) -> list:
+    """The avals of ``fn``'s outputs on inputs of the avals ``avals`` (their
+    vma and shardings included), as a primitive's abstract evaluation returns
+    them: ``jax.make_jaxpr`` takes avals as it takes arrays (its
+    abstractification passes an abstract value through), in 0.10.2 and 0.11."""
+    return list(jax.make_jaxpr(fn)(*avals).out_avals)

@@ -1,6 +1,7 @@
 """The kernels behind one call, shared by the public functions of ``_api``
 and ``_fused``: each runs the primitive of its pass, answers empty inputs
-without a launch, and passes an absent gamma or beta as a placeholder."""
+without a launch, and passes an absent gamma or beta as a placeholder. Also
+the norms' math in jnp, which the ops' references (their derivatives) share."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 
 from ._checks import Config
 from ._compat import varying_axes
-from ._primitives import LAYER, _placeholder, _row_stats_shape, combine_stats, norm_bwd, norm_fwd, norm_grad_stats, \
+from ._primitives import LAYER, RMS, _placeholder, _row_stats_shape, combine_stats, norm_bwd, norm_fwd, norm_grad_stats, \
     norm_stats, residual_sum
 
 
@@ -89,3 +90,47 @@ def sliced_forward(x, gamma, beta, cfg, axes, stats=None):
     mean, rstd = combine_stats(cfg.kind, stats, axes, full_hidden(x, axes), x.shape[-1], cfg.eps)
     y, _, _ = forward(x, gamma, beta, cfg, mean=mean, rstd=rstd)
     return y, mean, rstd
+
+
+# ---------------------------------------------------------------------------
+# the math in jnp: what the ops' references are built of (see _ad)
+
+
+def as_row(p, x):
+    """A ``(hidden,)`` parameter with ``x``'s rank, for arithmetic with ``x``
+    (no implicit rank promotion: jax_numpy_rank_promotion may be "raise")."""
+    return p.reshape((1,) * (x.ndim - 1) + p.shape)
+
+
+def moments_reference(x, kind, eps, axes=()):
+    """(mean or None, rstd) of the rows of a float32 ``x``, with a trailing
+    axis of 1: the biased variance, taken around the mean. With mesh
+    ``axes`` (inside shard_map), ``x`` is a slice of the hidden dim and the
+    statistics are those of whole rows (sums taken over the axes)."""
+    n = full_hidden(x, axes)
+    total = (lambda v: jax.lax.psum(v, axes)) if axes else (lambda v: v)
+    mean, d = None, x
+    if kind == LAYER:
+        mean = total(jnp.sum(x, axis=-1, keepdims=True)) / n
+        d = x - mean
+    return mean, jax.lax.rsqrt(total(jnp.sum(d * d, axis=-1, keepdims=True)) / n + eps)
+
+
+def scale_reference(y, gamma, zero_centered_gamma):
+    """``y * gamma`` (``1 + gamma`` if zero-centered) in float32; ``y`` without gamma."""
+    if gamma is None:
+        return y
+    scale = gamma.astype(jnp.float32)
+    return y * as_row(scale + 1.0 if zero_centered_gamma else scale, y)
+
+
+def normalize_reference(x, gamma, beta, cfg: Config, axes=(), mean=None, rstd=None):
+    """The norm of a float32 ``x`` in float32: ``(x - mean) * rstd * scale +
+    beta`` (RMSNorm: no mean), with the rows' own statistics or the given
+    ``mean``/``rstd`` (a trailing axis of 1)."""
+    if rstd is None:
+        mean, rstd = moments_reference(x, cfg.kind, cfg.eps, axes)
+    y = scale_reference((x if cfg.kind == RMS else x - mean) * rstd, gamma, cfg.zero_centered_gamma)
+    if beta is not None:
+        y = y + as_row(beta.astype(jnp.float32), y)
+    return y

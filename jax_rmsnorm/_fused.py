@@ -3,16 +3,16 @@ norm of an FP8 input (dequantized in the kernel).
 
 One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
 quantization (and ``h``) written once, with the statistics the backward needs.
-The backward of the FP8 variants is straight-through: quantization is treated
-as the identity, so ``dx``/``dgamma``/``dbeta`` are the norm's gradients taken
-at the high-precision input with the cotangent of ``q`` (cast to ``x``'s
-dtype); ``amax`` and the scales have no gradient.
+The derivatives of the FP8 variants are straight-through: quantization is
+treated as the identity, so ``dx``/``dgamma``/``dbeta`` are the norm's
+gradients taken at the high-precision input with the cotangent of ``q`` (cast
+to ``x``'s dtype), and ``q``'s tangent is the norm's, cast to ``q``'s dtype;
+``amax`` and the scales have no derivative.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -22,7 +22,9 @@ import jax.numpy as jnp
 from ._checks import (FP8_MAX, Config, check_axis_name, check_bool, check_fp8_input, check_group_size, check_h_dtype,
                       check_out_dtype, check_param, check_residual, check_scale_ub, check_tensor_scale, check_x, config,
                       dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
-from ._core import backward, full_hidden, grad_sums, param_dtype, slice_stats, sliced_forward, sum_to_primal_vma
+from ._ad import kernel_op
+from ._core import (backward, full_hidden, grad_sums, normalize_reference, param_dtype, slice_stats, sliced_forward,
+                    sum_to_primal_vma)
 from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused
 
 Array = jax.Array
@@ -97,48 +99,62 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
                           has_gamma=gamma is not None, has_beta=beta is not None, fused=spec)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _fused(x, residual, gamma, beta, scale, x_scale, cfg):
-    y, _, _, h, qs, qt = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
-    return y, h, qs, qt
-
-
-def _fused_fwd(x, residual, gamma, beta, scale, x_scale, cfg):
+def _fused_fwd(cfg, x, residual, gamma, beta, scale, x_scale):
     y, mean, rstd, h, qs, qt = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
-    # The backward reads the normalized input: h with a residual, else x
-    # (dequantized there if FP8; the FP8 x is kept for its own cotangents).
-    saved = h if cfg.spec.residual else x
-    fp8_x = x if cfg.spec.x_group_size else None
-    return (y, h, qs, qt), (saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale)
+    return (y, h, qs, qt), (mean, rstd, h)
 
 
-def _fused_bwd(cfg, res, cts):
-    saved, fp8_x, gamma, beta, mean, rstd, scale, x_scale = res
+def _fused_reference(cfg, x, residual, gamma, beta, scale, x_scale):
+    """The math of (y or q, h, qs, qt) in jnp, straight-through for an FP8
+    output: q is y rounded to the normalized input's dtype and taken as the
+    FP8 value (quantization counts as the identity, as the backward has it),
+    q_t the same transposed, and the scales have no derivative (None)."""
+    spec, norm = cfg.spec, cfg.norm
+    group = spec.x_group_size
+    xf = _dequantize(x, x_scale, group, jnp.float32) if group else x.astype(jnp.float32)
+    h = None
+    if spec.residual:  # summed in float32, stored in h_dtype, normalized as stored
+        h = (xf + residual.astype(jnp.float32)).astype(spec.h_dtype)
+        xf = h.astype(jnp.float32)
+    y = normalize_reference(xf, gamma, beta, norm, cfg.axes)
+    if spec.quant is None:
+        return y.astype(spec.out_dtype if group else x.dtype), h, None, None
+    y = y.astype(x.dtype if h is None else h.dtype)
+    qt = None
+    if spec.transpose:  # (hidden, rows) per tensor
+        qt = jnp.swapaxes(y.reshape(jnp.shape(scale) + (-1, x.shape[-1])), -1, -2).astype(spec.out_dtype)
+    return y.astype(spec.out_dtype), h, None, qt
+
+
+def _fused_bwd(cfg, args, res, cts):
+    x, residual, gamma, beta, scale, x_scale = args
+    mean, rstd, h = res
     x_dtype, r_dtype = cfg.x_dtype, cfg.r_dtype
-    ct_y, ct_h, _, ct_qt = cts  # amax / scales: no gradient
+    ct_y, ct_h, _, ct_qt = cts  # amax / scales: no gradient; None: a zero cotangent
     norm = cfg.norm
     group = cfg.spec.x_group_size
-    if group and not cfg.spec.residual:
-        saved = _dequantize(fp8_x, x_scale, group, cfg.spec.out_dtype)
+    # The backward reads the normalized input: h with a residual, else x
+    # (dequantized if FP8; the FP8 x is kept for its own cotangents).
+    saved = h if cfg.spec.residual else (_dequantize(x, x_scale, group, cfg.spec.out_dtype) if group else x)
 
     def x_grads(dx):
         """Cotangents of x and x_scale from the gradient of the (dequantized) input."""
         if not group:
-            return sum_to_primal_vma(dx.astype(x_dtype), saved), None
-        dq, dxs = _fp8_input_grads(dx, fp8_x, x_scale, group)
-        return sum_to_primal_vma(dq, fp8_x), sum_to_primal_vma(dxs, x_scale)
+            return sum_to_primal_vma(dx.astype(x_dtype), x), None
+        dq, dxs = _fp8_input_grads(dx, x, x_scale, group)
+        return sum_to_primal_vma(dq, x), sum_to_primal_vma(dxs, x_scale)
 
     # Straight-through for FP8 output: q's cotangent taken in the input's dtype;
     # q_t's (hidden, rows) is q's transposed, so its cotangent adds to q's.
-    dy = ct_y.astype(saved.dtype)
-    if cfg.spec.transpose:
+    dy = jnp.zeros_like(saved) if ct_y is None else ct_y.astype(saved.dtype)
+    if ct_qt is not None:
         dy = dy + jnp.swapaxes(ct_qt, -1, -2).reshape(dy.shape).astype(dy.dtype)
     d_scale = None if scale is None else jnp.zeros_like(scale)
     if not cfg.spec.residual:
         dx, dgamma, dbeta = backward(dy, saved, mean, rstd, gamma, beta, norm)
         gx, gxs = x_grads(dx)
         return (gx, None, sum_to_primal_vma(dgamma, gamma), sum_to_primal_vma(dbeta, beta), d_scale, gxs)
-    dh = ct_h.astype(saved.dtype)
+    dh = None if ct_h is None else ct_h.astype(saved.dtype)
     # With h in float32 and bf16/f16 parameters, the kernels run in float32.
     g, b = kernel_param(gamma, saved), kernel_param(beta, saved)
     coef = None
@@ -148,11 +164,12 @@ def _fused_bwd(cfg, res, cts):
     dgamma = None if gamma is None else dgamma.astype(gamma.dtype)
     dbeta = None if beta is None else dbeta.astype(beta.dtype)
     gx, gxs = x_grads(dx)
-    return (gx, sum_to_primal_vma(dx.astype(r_dtype), saved), sum_to_primal_vma(dgamma, gamma),
+    return (gx, sum_to_primal_vma(dx.astype(r_dtype), residual), sum_to_primal_vma(dgamma, gamma),
             sum_to_primal_vma(dbeta, beta), d_scale, gxs)
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+# (x, residual, gamma, beta, scale, x_scale) -> (y or q, h, qs, qt)
+_fused = kernel_op(_fused_fwd, _fused_reference, _fused_bwd)
 
 
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
@@ -196,7 +213,7 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec["group_size"] = check_group_size(group_size, x)
     r_dtype = None if residual is None else np.dtype(residual.dtype)
     cfg = _FusedConfig(norm, FusedSpec(**spec), np.dtype(x.dtype), r_dtype, axes or ())
-    return _fused(x, residual, gamma, beta, scale, x_scale, cfg)
+    return _fused(cfg, x, residual, gamma, beta, scale, x_scale)
 
 
 def _with_h(outs, residual):
@@ -277,7 +294,9 @@ _FP8_DOC = """
     Gradients are straight-through: quantization counts as the identity, so
     ``dx``, ``dgamma`` (``dbeta``, ``dresidual``) are the norm's gradients at the
     high-precision input with the cotangent of ``q`` cast to ``x``'s dtype
-    (JAX hands an FP8 output an FP8 cotangent). The scales have no gradient.
+    (JAX hands an FP8 output an FP8 cotangent). In forward mode ``q``'s
+    tangent is the norm's, cast to ``x``'s dtype and then to ``out_dtype``.
+    The scales have no derivative.
 """
 
 

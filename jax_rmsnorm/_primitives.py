@@ -462,15 +462,17 @@ def _fwd_batch(args, dims, *, kind, has_gamma, has_beta, given_stats, fused=None
     return _batch_front(norm_fwd_p, args, dims, _fwd_roles(**full)[0], full)
 
 
-def _batch_front(prim, args, dims, roles, params):
+def _batch_front(prim, args, dims, roles, params, out_roles=()):
     """Batching by moving the batch axis to the front of every operand: rows
     operands are broadcast to it; present parameters too, which makes them
-    parameter groups (one per example); placeholders stay as they are."""
+    parameter groups (one per example); placeholders stay as they are, and
+    so do the placeholder outputs (``out_roles`` E: an absent dbeta)."""
     size = _batch_size(args, dims)
     moved = [a if role == E else batching.bdim_at_front(a, d, size)
              for a, d, role in zip(args, dims, roles)]
     outs = prim.bind(*moved, **params)
-    return outs, [0] * len(outs)
+    out_roles = list(out_roles) + [X] * (len(outs) - len(out_roles))
+    return outs, [None if role == E else 0 for role in out_roles]
 
 
 # ---------------------------------------------------------------------------
@@ -557,7 +559,8 @@ def _bwd_sharded(st, axes, hidden, dy, x, *rest):
 
 
 def _bwd_batch(args, dims, **params):
-    return _batch_front(norm_bwd_p, args, dims, _bwd_roles(**params)[0], params)
+    roles_in, roles_out = _bwd_roles(**params)
+    return _batch_front(norm_bwd_p, args, dims, roles_in, params, roles_out)
 
 
 # ---------------------------------------------------------------------------

@@ -51,28 +51,41 @@ def random(key, shape, dtype, scale=1.0, offset=0.0):
 
 
 def f64(a):
+    """``a`` as a float64 NumPy array (JAX arrays by way of float32; a float64
+    NumPy array as it is, for finite differences)."""
+    if isinstance(a, np.ndarray) and a.dtype == np.float64:
+        return a
     return None if a is None else np.asarray(jnp.asarray(a, jnp.float32), np.float64)
 
 
-def ref_forward(kind, x, gamma=None, beta=None, eps=1e-6, zero_centered=False):
-    """(y, mean, rstd) in float64."""
-    x = f64(x)
-    mean = x.mean(-1, keepdims=True) if kind == "layer" else np.zeros(x.shape[:-1] + (1,))
+def _as(xp, a):
+    """``a`` for the math in ``xp``: float64 NumPy, or a jnp array as it is."""
+    return f64(a) if xp is np else a
+
+
+def ref_forward(kind, x, gamma=None, beta=None, eps=1e-6, zero_centered=False, xp=np):
+    """(y, mean, rstd) in float64; with ``xp=jnp``, in jnp in the arrays' own
+    dtypes (differentiable, for the forward-mode tests)."""
+    x = _as(xp, x)
+    mean = x.mean(-1, keepdims=True) if kind == "layer" else xp.zeros(x.shape[:-1] + (1,), x.dtype)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + eps)
+    rstd = 1.0 / xp.sqrt(var + eps)
     xhat = (x - mean) * rstd
-    scale = 1.0 if gamma is None else f64(gamma) + (1.0 if zero_centered else 0.0)
-    y = xhat * scale + (0.0 if beta is None else f64(beta))
+    scale = 1.0 if gamma is None else _as(xp, gamma) + (1.0 if zero_centered else 0.0)
+    y = xhat * scale + (0.0 if beta is None else _as(xp, beta))
     return y, mean[..., 0], rstd[..., 0]
 
 
-def ref_backward(kind, dy, x, gamma=None, eps=1e-6, zero_centered=False):
-    """(dx, dgamma, dbeta) in float64, statistics recomputed in float64."""
-    dy, xf = f64(dy), f64(x)
-    _, mean, rstd = ref_forward(kind, x, None, None, eps)
-    mean, rstd = mean[..., None], rstd[..., None]
+def ref_backward(kind, dy, x, gamma=None, eps=1e-6, zero_centered=False, xp=np, mean=None, rstd=None):
+    """(dx, dgamma, dbeta) in float64 (jnp with ``xp=jnp``, as ref_forward),
+    statistics recomputed, or the given ``mean`` (LayerNorm) and ``rstd``."""
+    dy, xf = _as(xp, dy), _as(xp, x)
+    if rstd is None:
+        _, mean, rstd = ref_forward(kind, x, None, None, eps, xp=xp)
+    mean = 0.0 if mean is None else _as(xp, mean)[..., None]
+    rstd = _as(xp, rstd)[..., None]
     xhat = (xf - mean) * rstd
-    scale = 1.0 if gamma is None else f64(gamma) + (1.0 if zero_centered else 0.0)
+    scale = 1.0 if gamma is None else _as(xp, gamma) + (1.0 if zero_centered else 0.0)
     g = dy * scale
     c1 = (g * xhat).mean(-1, keepdims=True)
     c2 = g.mean(-1, keepdims=True) if kind == "layer" else 0.0

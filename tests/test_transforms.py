@@ -76,6 +76,22 @@ def test_nested_vmap(platform):
     assert_close(got, want, jnp.float32, "nested vmap")
 
 
+def test_nested_vmap_of_grad_without_beta(platform):
+    # LayerNorm without beta: the backward's absent dbeta stays unbatched
+    # under each vmap (the gradient's linear map runs the backward kernel
+    # under both vmaps at once).
+    loss = lambda x, g: jnp.sum(jrn.layer_norm(x, g) * jnp.arange(x.shape[-1], dtype=x.dtype))
+    xs = random(9, (2, 3, 5, 16), jnp.float32)
+    gs = random(10, (2, 3, 16), jnp.float32, offset=1.0)
+    xs, gs = put(platform, xs, gs)
+    got = jax.jit(jax.vmap(jax.vmap(jax.grad(loss, (0, 1)))))(xs, gs)
+    for i in range(2):
+        for j in range(3):
+            want = jax.grad(loss, (0, 1))(xs[i, j], gs[i, j])
+            for a, w in zip(got, want):
+                np.testing.assert_allclose(np.asarray(a[i, j]), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
 def test_grad_of_sum_over_vmap_sums_dgamma(platform):
     # Shared gamma under vmap: the cotangent of gamma sums over the batch.
     xs = random(9, (3, 4, 32), jnp.float32)
