@@ -435,3 +435,43 @@ def test_kernel_path_under_jit_and_vmap():
     with takes("kernel"):
         y = jax.jit(jax.vmap(partial(lin.apply, p)))(x)
     close(y, jax.vmap(partial(flax_linen.LayerNorm(reduction_axes=(-2, -1)).apply, p))(x))
+
+
+# ---------------------------------------------------------------------------
+# tools/upstream_norm_tests.py
+
+
+def test_upstream_tool_swaps_the_modules(tmp_path):
+    # A stand-in for a flax checkout, with flax's setting that every warning
+    # is an error and a module built at import, as flax's parameterized
+    # tests do: the tool's plugin must have swapped the names by then, and
+    # a fallback's warning is the one warning it lets through.
+    import pathlib
+
+    from reference import run_script
+
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    files = {
+        "tests/linen/linen_test.py": (
+            "import jax, jax.numpy as jnp\nfrom flax import linen as nn\nimport jax_rmsnorm.flax\n"
+            "AT_IMPORT = nn.LayerNorm(reduction_axes=1)\n"
+            "def test_linen():\n"
+            "    assert type(AT_IMPORT) is nn.LayerNorm is jax_rmsnorm.flax.LayerNorm\n"
+            "    x = jnp.ones((2, 3, 4))\n"
+            "    AT_IMPORT.init(jax.random.key(0), x)\n"
+            "    nn.RMSNorm().init(jax.random.key(0), x)\n"),
+        "tests/nnx/nn/normalization_test.py": (
+            "from flax import nnx\nimport jax_rmsnorm.flax.nnx\n"
+            "def test_nnx():\n    assert nnx.RMSNorm is jax_rmsnorm.flax.nnx.RMSNorm\n"),
+        "tests/nnx/nn/linear_test.py": (
+            "import warnings, pytest\n"
+            "def test_other_warnings_still_errors():\n"
+            "    with pytest.raises(UserWarning):\n        warnings.warn('x')\n"),
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    tool = pathlib.Path(__file__).resolve().parent.parent / "tools" / "upstream_norm_tests.py"
+    out = run_script(tool, "flax", str(tmp_path), "-p", "no:xdist", "-q")
+    assert "3 passed" in out, out
+    assert "module calls on the kernels: 1, on the replaced module's code: 1" in out, out

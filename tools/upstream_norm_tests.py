@@ -1,8 +1,8 @@
 """Runs a Flax or Equinox checkout's own normalization tests with this
 library's modules swapped in for the ones they replace.
 
-    python tools/upstream_norm_tests.py flax    PATH/TO/flax    [--original] [pytest args...]
-    python tools/upstream_norm_tests.py equinox PATH/TO/equinox [--original] [pytest args...]
+    python tools/upstream_norm_tests.py flax    PATH/TO/flax    [--original] [--norm-only] [pytest args...]
+    python tools/upstream_norm_tests.py equinox PATH/TO/equinox [--original] [--norm-only] [pytest args...]
 
 PATH is a checkout of the version that is installed (its ``tests/`` and
 ``pyproject.toml`` are what is used; the installed package is what they
@@ -16,8 +16,10 @@ jaxtyping/beartype checks), on the files that test the replaced modules:
              tests/nnx/nn/linear_test.py (NNX layer graphs and parameter metadata)
     equinox: tests/test_nn.py
 
-The whole files run; other tests in them are unaffected by the swap. With
-``--original`` nothing is swapped (the upstream modules, for comparison).
+The whole files run; other tests in them are unaffected by the swap.
+``--norm-only`` keeps the tests that build a LayerNorm or RMSNorm (and the
+other norms' tests of the same classes). With ``--original`` nothing is
+swapped (the upstream modules, for comparison).
 
 The swap: this file is also the pytest plugin (``-p upstream_norm_tests``).
 At ``pytest_configure`` (after the checkout's conftest has set its JAX
@@ -39,12 +41,18 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
 FILES = {
     "flax": ["tests/linen/linen_test.py", "tests/nnx/nn/normalization_test.py", "tests/nnx/nn/linear_test.py"],
     "equinox": ["tests/test_nn.py"],
+}
+# pytest -k of --norm-only: the tests that build LayerNorm/RMSNorm.
+NORM_ONLY = {
+    "flax": "NormalizationTest or layernorm or rmsnorm or TestLayersSameGraph or TestLayersParamsMetadata",
+    "equinox": "layer_norm or rms_norm",
 }
 # (upstream namespace, ours) per project.
 SWAPS = {
@@ -104,12 +112,14 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def main(argv):
-    usage = "usage: upstream_norm_tests.py {flax,equinox} CHECKOUT [--original] [pytest args...]"
+    usage = "usage: upstream_norm_tests.py {flax,equinox} CHECKOUT [--original] [--norm-only] [pytest args...]"
     if len(argv) < 2 or argv[0] not in FILES:
         sys.exit(usage)
     project, checkout, rest = argv[0], pathlib.Path(argv[1]).resolve(), argv[2:]
-    original = "--original" in rest
-    rest = [a for a in rest if a != "--original"]
+    original, norm_only = "--original" in rest, "--norm-only" in rest
+    rest = [a for a in rest if a not in ("--original", "--norm-only")]
+    if norm_only:
+        rest = ["-k", NORM_ONLY[project]] + rest
     missing = [f for f in FILES[project] if not (checkout / f).is_file()]
     if missing or not (checkout / "pyproject.toml").is_file():
         sys.exit(f"{checkout} is not a {project} checkout: missing {missing or ['pyproject.toml']}")
@@ -121,7 +131,7 @@ def main(argv):
         env[ENV] = project
     cmd = [sys.executable, "-m", "pytest", "-p", "upstream_norm_tests", "-p", "no:cacheprovider",
            *FILES[project], *rest]
-    print(" ".join(cmd), f"(in {checkout})", flush=True)
+    print(shlex.join(cmd), f"(in {checkout})", flush=True)
     return subprocess.call(cmd, cwd=checkout, env=env)
 
 
