@@ -175,10 +175,10 @@ def test_equinox_several_axes_on_kernels():
     x = random(3, (5, 8, 16), F32, scale=2.0, offset=0.5)
     for name in ("LayerNorm", "RMSNorm"):
         ours, theirs = eqx_params(getattr(jeqx, name)((8, 16))), eqx_params(getattr(eqx.nn, name)((8, 16)))
-        loss = lambda m: sin_loss(jax.vmap(m)(x))
+        run = eqx.filter_jit(lambda m: (jax.vmap(m)(x), eqx.filter_grad(lambda m: sin_loss(jax.vmap(m)(x)))(m)))
         with takes("kernel"):
-            y, g = jax.vmap(ours)(x), eqx.filter_grad(loss)(ours)
-        y_ref, g_ref = jax.vmap(theirs)(x), eqx.filter_grad(loss)(theirs)
+            y, g = run(ours)
+        y_ref, g_ref = run(theirs)
         close(y, y_ref)
         ga, gb = (eqx.filter(t, eqx.is_array) for t in (g, g_ref))
         assert spec(ga) == spec(gb)
@@ -219,8 +219,8 @@ def test_linen_fallback_same_as_flax_and_warns_once(name, shape, kwargs, masked,
         warnings.simplefilter("error", FallbackWarning)
         if masked:
             x = jnp.where(mask, x, jnp.nan)
-        y = getattr(jlinen, name)(**kwargs).apply(got[0], x, mask=mask)
-    np.testing.assert_array_equal(y, getattr(flax_linen, name)(**kwargs).apply(got[0], x, mask=mask))
+        y = jax.jit(partial(getattr(jlinen, name)(**kwargs).apply, mask=mask))(got[0], x)
+    np.testing.assert_array_equal(y, jax.jit(partial(getattr(flax_linen, name)(**kwargs).apply, mask=mask))(got[0], x))
     assert not masked or np.isfinite(np.asarray(y)[np.asarray(mask)]).all()
 
 
@@ -322,18 +322,19 @@ def test_equinox_strict_promotion_dtypes(name):
         for x_dtype, w_dtype in cases:
             x = (random(11, (3, 2, 8), F32, scale=3.0, offset=1.0)).astype(x_dtype)
             ours, theirs = (eqx_params(getattr(m, name)((2, 8), dtype=w_dtype)) for m in (jeqx, eqx.nn))
+            fwd = eqx.filter_jit(lambda m, x: jax.vmap(m)(x))
             with takes("kernel"):
-                y = jax.vmap(ours)(x)
-            y_ref = jax.vmap(theirs)(x)
+                y = fwd(ours, x)
+            y_ref = fwd(theirs, x)
             assert y.dtype == y_ref.dtype == x.dtype
             if x_dtype == jnp.int32:
                 assert np.abs(np.asarray(y) - np.asarray(y_ref)).max() <= 1  # rounding toward zero of close values
                 continue
             close(y, y_ref, x_dtype)
-            loss = lambda m, x: sin_loss(jax.vmap(m)(x))
+            grad = eqx.filter_jit(eqx.filter_grad(lambda m, x: sin_loss(jax.vmap(m)(x))))
             with takes("kernel"):
-                g = eqx.filter_grad(loss)(ours, x)
-            g_ref = eqx.filter_grad(loss)(theirs, x)
+                g = grad(ours, x)
+            g_ref = grad(theirs, x)
             tol = max((x_dtype, w_dtype or F32), key=lambda d: TOL[np.dtype(d)][0])
             for a, b in zip(jax.tree.leaves(eqx.filter(g, eqx.is_array)), jax.tree.leaves(eqx.filter(g_ref, eqx.is_array))):
                 assert a.dtype == b.dtype
