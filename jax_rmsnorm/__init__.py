@@ -21,6 +21,7 @@ from ._api import (
     rms_norm_stats,
 )
 from ._ffi import cuda_built, export_checks
+from ._modules import FallbackWarning
 from ._fused import (
     add_layer_norm,
     add_rms_norm,
@@ -60,4 +61,5 @@ __all__ = [
     "layer_norm_fp8_groupwise",
     "cuda_built",
     "export_checks",
+    "FallbackWarning",
 ]

@@ -1,27 +1,161 @@
-"""What the Flax and Equinox modules share: the call into the kernels with the
-dtype rules of the module being replaced."""
+"""What the Flax and Equinox modules share: which path a call takes (the
+kernels, or the code of the module it replaces), the call into the kernels
+with the dtype rules of the replaced module, and the one-time warning of the
+slow path."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
 import jax
 import jax.numpy as jnp
 
 from ._api import layer_norm, rms_norm
+from ._checks import X_DTYPES, check_bool
+
+KERNEL_DTYPES = frozenset(np.dtype(d) for d in X_DTYPES)
 
 
-def check_last_axis(name: str, axes) -> None:
-    """The kernels normalize over the last axis only."""
-    if axes not in (-1, (-1,), [-1]):
-        raise NotImplementedError(
-            f"jax_rmsnorm modules normalize over the last axis only: {name} must be -1, got {axes!r}")
+class FallbackWarning(UserWarning):
+    """A jax_rmsnorm module ran the code of the module it replaces (a slow
+    path) for something the kernels do not take: a mask, normalization axes
+    other than x's trailing ones, ``axis_index_groups``, float64 or complex
+    arrays. Warned once per process for each module and reason; silence it
+    with ``warnings.filterwarnings("ignore", category=jax_rmsnorm.FallbackWarning)``."""
 
 
-def check_flax_module(mod) -> None:
-    """Construction-time checks of the Flax (linen and NNX) modules' options."""
-    check_last_axis("reduction_axes", mod.reduction_axes)
-    check_last_axis("feature_axes", mod.feature_axes)
-    if mod.axis_index_groups is not None:
-        raise NotImplementedError("jax_rmsnorm modules do not take axis_index_groups yet")
+# How many module calls (traces) took each path: "kernel" or "fallback".
+calls: collections.Counter = collections.Counter()
+_warned: set = set()
+
+
+def took_kernels() -> None:
+    calls["kernel"] += 1
+
+
+def fallback(owner: str, upstream: str, reason: str, detail: str, zero_centered_gamma=False) -> None:
+    """Notes a call that runs ``upstream``'s own code: warns once per
+    ``owner`` and ``reason`` (a mask, axes, dtype, ...), naming ``detail``.
+    ``zero_centered_gamma`` exists on the kernels only: it refuses the call."""
+    if check_bool(zero_centered_gamma, "zero_centered_gamma"):
+        raise ValueError(f"{owner}: zero_centered_gamma=True runs on jax_rmsnorm's kernels only, and {detail} "
+                         f"needs {upstream}'s own code, which has no zero_centered_gamma")
+    calls["fallback"] += 1
+    if (owner, reason) in _warned:
+        return
+    _warned.add((owner, reason))
+    warnings.warn(f"{owner} runs {upstream}'s own code, not jax_rmsnorm's kernels (a slow path), for {detail}. "
+                  f"Warned once per process for this reason ({reason}).", FallbackWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------
+# Flax: which calls the kernels take
+
+
+def canonical_axes(axes, ndim):
+    """flax's canonical axes (the same expression, so the same order: the
+    parameters' shape follows it), or None where an axis is not an int in
+    range (flax's own code then says what is wrong)."""
+    if not isinstance(axes, Iterable):
+        axes = (axes,)
+    axes = tuple(axes)
+    if not all(isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) and -ndim <= a < ndim
+               for a in axes):
+        return None
+    return tuple({ndim + a if a < 0 else a for a in axes})
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """A call on the kernels: x's trailing ``k`` axes flattened into rows;
+    each parameter (``param_shape``, flax's shape of the feature axes)
+    reshaped to ``block_shape`` (1 on the reduced axes that are not feature
+    axes) and broadcast over the reduced block."""
+    k: int
+    param_shape: tuple
+    block_shape: tuple
+
+    def rows(self, x):
+        return x.reshape(x.shape[:x.ndim - self.k] + (math.prod(x.shape[x.ndim - self.k:]),))
+
+    def param(self, p, x):
+        if p is None:
+            return None
+        block = x.shape[x.ndim - self.k:]
+        p = p.reshape(self.block_shape)
+        if p.shape != block:
+            p = jnp.broadcast_to(p, block)
+        return p.reshape(-1)
+
+    def run(self, kind, x, scale, bias, **kw):
+        y = normalize(kind, self.rows(x), self.param(scale, x), self.param(bias, x), **kw)
+        return y.reshape(x.shape)
+
+
+def flax_rows(x, reduction_axes, feature_axes, *, mask=None, axis_index_groups=None):
+    """``(Rows, None, None)`` where the kernels can compute flax's
+    normalization of ``x`` (an array) over these axes, else ``(None, reason,
+    detail)``: the call runs flax's own code."""
+    if mask is not None:
+        return None, "mask", "a mask (the kernels normalize whole rows)"
+    if axis_index_groups is not None:
+        return None, "axis_index_groups", "axis_index_groups"
+    n = x.ndim
+    red, feat = canonical_axes(reduction_axes, n), canonical_axes(feature_axes, n)
+    where = f"reduction_axes={reduction_axes!r}, feature_axes={feature_axes!r} on x of rank {n}"
+    if n < 1 or not red or feat is None:
+        return None, "axes", where
+    k = len(red)
+    if set(red) != set(range(n - k, n)):
+        return None, "axes", where + " (the kernels reduce x's trailing axes)"
+    if not set(feat) <= set(red):
+        return None, "axes", where + " (feature axes outside the reduced ones)"
+    if math.prod(x.shape[n - k:]) == 0:
+        return None, "empty", "an empty reduced block"
+    block_shape = tuple(x.shape[a] if a in feat else 1 for a in range(n - k, n))
+    return Rows(k, tuple(x.shape[a] for a in feat), block_shape), None, None
+
+
+def dtype_reason(named_dtypes):
+    """``(None, None)`` where the kernels take every ``(name, dtype)``, else
+    ``("dtype", detail)`` of the first they do not."""
+    for name, dt in named_dtypes:
+        try:
+            dt = np.dtype(dt)
+        except TypeError:
+            return "dtype", f"{name} {dt!r}"
+        if dt not in KERNEL_DTYPES:
+            return "dtype", f"{name} of dtype {dt.name} (the kernels take float32, bfloat16, float16)"
+    return None, None
+
+
+def flax_out_dtype(x, param_dtypes, dtype):
+    """flax's output dtype (``flax.linen.dtypes.canonicalize_dtype``):
+    ``dtype`` if given, else the promotion of x and the parameters, made
+    floating where it is not."""
+    if dtype is not None:
+        return np.dtype(dtype) if _is_dtype(dtype) else dtype
+    out = jnp.result_type(x, *param_dtypes)
+    if not jnp.issubdtype(out, jnp.inexact):
+        out = jnp.promote_types(jnp.float32, out)
+    return np.dtype(out)
+
+
+def _is_dtype(d) -> bool:
+    try:
+        np.dtype(d)
+        return True
+    except TypeError:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# the kernels
 
 
 def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered_gamma: bool, axis_name=None):
@@ -35,6 +169,8 @@ def normalize(kind: str, x, scale, bias, *, eps: float, out_dtype, zero_centered
     say), ``x`` is widened first so that the kernel writes the wide result
     directly; the statistics are float32 either way. The parameters go in
     their own dtypes (the functions widen them where the kernels need it).
+    Every cast is explicit: nothing here depends on
+    ``jax_numpy_dtype_promotion``.
     """
     out_dtype = jnp.dtype(out_dtype)
     widen_to = out_dtype

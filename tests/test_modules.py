@@ -62,13 +62,6 @@ def test_linen_matches_flax(name, kwargs, xdtype, platform):
         _close(a, b, jnp.promote_types(a.dtype, xdtype) if a.dtype != jnp.float32 else xdtype)
 
 
-@pytest.mark.parametrize("kwargs", [{"reduction_axes": 0}, {"feature_axes": (0, 1)},
-                                    {"axis_name": "model", "axis_index_groups": [[0, 1]]}])
-def test_linen_unsupported_options_raise_at_construction(kwargs):
-    with pytest.raises(NotImplementedError):
-        jlinen.LayerNorm(**kwargs)
-
-
 @pytest.mark.parametrize("name, kwargs", [("RMSNorm", {}), ("RMSNorm", {"use_scale": False}),
                                           ("LayerNorm", {}), ("LayerNorm", {"dtype": jnp.bfloat16})])
 def test_nnx_matches_flax(name, kwargs, platform):
@@ -111,7 +104,7 @@ def test_equinox_matches_equinox(name, shape, kwargs, platform):
     g, g_ref = eqx.filter_grad(loss)(ours, x), eqx.filter_grad(loss)(theirs, x)
     for a, b in zip(jax.tree.leaves(eqx.filter(g, eqx.is_array)), jax.tree.leaves(eqx.filter(g_ref, eqx.is_array))):
         _close(a, b, jnp.float32)
-    with pytest.raises(ValueError, match="x.shape == shape"):
+    with pytest.raises(ValueError, match="must satisfy the invariant"):  # Equinox's own error
         ours(x)
 
 

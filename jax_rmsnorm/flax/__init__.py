@@ -1,81 +1,106 @@
-"""Flax linen drop-ins: ``RMSNorm`` and ``LayerNorm`` with the constructor
-arguments, defaults, parameter names and shapes of ``flax.linen.RMSNorm`` /
-``flax.linen.LayerNorm``, computed by jax_rmsnorm's kernels. Swap the import;
-existing parameters load unchanged. Flax NNX modules are in
-``jax_rmsnorm.flax.nnx``.
+"""Flax linen drop-ins: ``RMSNorm`` and ``LayerNorm`` subclass
+``flax.linen.RMSNorm`` / ``flax.linen.LayerNorm``: the same constructor
+arguments and defaults, the same parameter names, shapes and dtypes, the same
+output dtype, computed by jax_rmsnorm's kernels. Swap the import; existing
+parameters load unchanged. Flax NNX modules are in ``jax_rmsnorm.flax.nnx``.
 
-Differences: normalization is over the last axis only (``reduction_axes`` and
-``feature_axes`` must be -1); ``axis_index_groups`` is not supported yet
-(raises at construction); statistics are always float32, taken in two passes
-or in one around a shift near the row's mean, never as E[x^2] - E[x]^2
-(docs/api.md says which kernels take which; ``use_fast_variance`` and
-``force_float32_reductions`` are accepted and change nothing). ``axis_name``
-works as in flax, inside ``shard_map`` with the features split over that mesh
-axis: each device holds a slice of the features (and of ``scale``/``bias``),
-and only per-row statistics cross devices. Extra: ``zero_centered_gamma``
-scales by ``1 + scale``.
+Which path a call takes:
+
+- Kernels: ``reduction_axes`` that are x's trailing axes (``-1``, ``(-2, -1)``,
+  ``1`` on a rank-2 x, ...), flattened into one row each, with
+  ``feature_axes`` among them (the parameters are broadcast over the
+  reduced axes that are not feature axes); x, the parameters and the output
+  in float32, bfloat16 or float16 (a NumPy float64 x with x64 off is float32,
+  as in flax). ``axis_name`` works as in flax, inside ``shard_map`` with the
+  features split over that mesh axis: only per-row statistics cross devices.
+  Statistics are float32, taken in two passes or in one around a shift near
+  the row's mean, never as E[x^2] - E[x]^2 (``use_fast_variance`` and
+  ``force_float32_reductions`` are accepted and change nothing).
+- flax's own code (``flax.linen.LayerNorm.__call__``), with a one-time
+  ``jax_rmsnorm.FallbackWarning`` that names the reason: a ``mask``;
+  reduction axes that are not the trailing ones, or feature axes outside
+  them; ``axis_index_groups``; float64 or complex x, parameters or ``dtype``
+  (x64), integer x; an empty reduced block. Results and errors are flax's.
+
+Extra: ``zero_centered_gamma`` scales by ``1 + scale`` (kernels only: with it,
+a call that needs flax's own code raises ``ValueError``).
 """
 
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
-from .._modules import check_flax_module, normalize
+from .._modules import dtype_reason, fallback, flax_out_dtype, flax_rows, took_kernels
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
 
-def _out_dtype(mod, x, *params):
-    """flax.linen's rule: ``dtype`` if given, else the promotion of input and parameters."""
-    return mod.dtype if mod.dtype is not None else jnp.result_type(x, *params)
+def _param_dtype(mod, name, init, shape):
+    """The dtype of parameter ``name`` in this call: as stored, or as
+    ``init`` makes it (traced only, with a placeholder key: the module's own
+    random stream is untouched)."""
+    if mod.has_variable("params", name):
+        return nn.meta.unbox(mod.get_variable("params", name)).dtype
+    return jax.eval_shape(lambda k: nn.meta.unbox(init(k, shape, mod.param_dtype)), jax.random.key(0)).dtype
+
+
+def _call(mod, kind, x, mask):
+    """The output on the kernels, or None where flax's own code runs."""
+    name = "RMSNorm" if kind == "rms" else "LayerNorm"
+    xa = jnp.asarray(x)
+    rows, reason, detail = flax_rows(xa, mod.reduction_axes, mod.feature_axes, mask=mask,
+                                     axis_index_groups=mod.axis_index_groups)
+    inits = {"scale": mod.scale_init} if mod.use_scale else {}
+    if kind == "layer" and mod.use_bias:
+        inits["bias"] = mod.bias_init
+    if rows is not None:
+        dtypes = {n: _param_dtype(mod, n, init, rows.param_shape) for n, init in inits.items()}
+        out_dtype = flax_out_dtype(xa, list(dtypes.values()), mod.dtype)
+        reason, detail = dtype_reason([("x", xa.dtype), *dtypes.items(), ("dtype", out_dtype)])
+    if reason is not None:
+        fallback(f"jax_rmsnorm.flax.{name}", f"flax.linen.{name}", reason, detail, mod.zero_centered_gamma)
+        return None
+    took_kernels()
+    params = {n: mod.param(n, init, rows.param_shape, mod.param_dtype) for n, init in inits.items()}
+    return rows.run(kind, xa, params.get("scale"), params.get("bias"), eps=mod.epsilon, out_dtype=out_dtype,
+                    zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)
 
 
 class RMSNorm(nn.RMSNorm):
     """``flax.linen.RMSNorm`` on jax_rmsnorm's kernels.
 
-    Input ``x``: ``(..., features)``, float32/bfloat16/float16. Parameter
-    ``scale``: ``(features,)`` in ``param_dtype``. Output: ``x``'s shape, in
-    ``dtype`` or else the promotion of ``x`` and ``scale`` (as flax does).
+    ``x``: any shape; normalized over ``reduction_axes`` (default -1).
+    Parameter ``scale``: the sizes of ``feature_axes``, in ``param_dtype``.
+    Output: x's shape, in ``dtype`` or else the promotion of x and ``scale``.
+    The kernels run where ``reduction_axes`` are x's trailing axes and
+    ``feature_axes`` among them, with float32/bfloat16/float16 arrays and no
+    ``mask`` or ``axis_index_groups``; otherwise flax's own code runs, with a
+    one-time ``jax_rmsnorm.FallbackWarning`` (see ``jax_rmsnorm.flax``).
     """
 
     zero_centered_gamma: bool = False
 
-    def __post_init__(self):
-        check_flax_module(self)
-        super().__post_init__()
-
     @nn.compact
-    def __call__(self, x, mask=None):
-        if mask is not None:
-            raise NotImplementedError("jax_rmsnorm.flax.RMSNorm does not take a mask")
-        scale = (self.param("scale", self.scale_init, (x.shape[-1],), self.param_dtype)
-                 if self.use_scale else None)
-        return normalize("rms", x, scale, None, eps=self.epsilon,
-                         out_dtype=_out_dtype(self, x, *([scale] if scale is not None else [])),
-                         zero_centered_gamma=self.zero_centered_gamma, axis_name=self.axis_name)
+    def __call__(self, x, *, mask=None):
+        y = _call(self, "rms", x, mask)
+        return super().__call__(x, mask=mask) if y is None else y
 
 
 class LayerNorm(nn.LayerNorm):
     """``flax.linen.LayerNorm`` on jax_rmsnorm's kernels.
 
-    Input ``x``: ``(..., features)``. Parameters ``scale`` and ``bias``:
-    ``(features,)`` in ``param_dtype``. Output dtype as in flax.
+    ``x``: any shape; normalized over ``reduction_axes`` (default -1).
+    Parameters ``scale`` and ``bias``: the sizes of ``feature_axes``, in
+    ``param_dtype``. Output: x's shape, in ``dtype`` or else the promotion of
+    x and the parameters. Paths as in ``RMSNorm`` (kernels, or flax's own
+    code for a ``mask``, other axes, ``axis_index_groups``, other dtypes).
     """
 
     zero_centered_gamma: bool = False
 
-    def __post_init__(self):
-        check_flax_module(self)
-        super().__post_init__()
-
     @nn.compact
     def __call__(self, x, *, mask=None):
-        if mask is not None:
-            raise NotImplementedError("jax_rmsnorm.flax.LayerNorm does not take a mask")
-        feat = (x.shape[-1],)
-        scale = self.param("scale", self.scale_init, feat, self.param_dtype) if self.use_scale else None
-        bias = self.param("bias", self.bias_init, feat, self.param_dtype) if self.use_bias else None
-        params = [p for p in (scale, bias) if p is not None]
-        return normalize("layer", x, scale, bias, eps=self.epsilon, out_dtype=_out_dtype(self, x, *params),
-                         zero_centered_gamma=self.zero_centered_gamma, axis_name=self.axis_name)
+        y = _call(self, "layer", x, mask)
+        return super().__call__(x, mask=mask) if y is None else y

@@ -1,54 +1,83 @@
-"""Flax NNX drop-ins: ``RMSNorm`` and ``LayerNorm`` subclassing
-``flax.nnx.RMSNorm`` / ``flax.nnx.LayerNorm`` (same constructor, same state),
-computed by jax_rmsnorm's kernels. The limits of ``jax_rmsnorm.flax`` apply;
-``zero_centered_gamma`` is an extra keyword argument.
+"""Flax NNX drop-ins: ``RMSNorm`` and ``LayerNorm`` subclass
+``flax.nnx.RMSNorm`` / ``flax.nnx.LayerNorm`` (the same constructor, state and
+graph), computed by jax_rmsnorm's kernels.
+
+A call first applies the module's ``promote_dtype`` to x and the parameters,
+as flax does (the default promotes them to ``dtype``, or else to their
+common dtype; ``promote_dtype=lambda a, **kw: a`` leaves them as they are),
+then takes the kernels or flax's own code by the rules of
+``jax_rmsnorm.flax``: kernels for trailing ``reduction_axes`` (flattened)
+with ``feature_axes`` among them and float32/bfloat16/float16 arrays; flax's
+own ``__call__``, with a one-time ``jax_rmsnorm.FallbackWarning``, for a
+``mask``, other axes, ``axis_index_groups`` or other dtypes. Extra keyword:
+``zero_centered_gamma`` (kernels only).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn import dtypes as _dtypes
 
-from .._modules import check_flax_module, normalize
+from .._checks import check_bool
+from .._modules import dtype_reason, fallback, flax_out_dtype, flax_rows, took_kernels
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
 
-def _call(mod, kind, x, scale, bias, mask):
-    if mask is not None:
-        raise NotImplementedError(f"jax_rmsnorm.flax.nnx.{type(mod).__name__} does not take a mask")
-    params = [p for p in (scale, bias) if p is not None]
-    if mod.dtype is not None:  # nnx promotes the input to dtype first
-        x = x.astype(mod.dtype)
-        out_dtype = mod.dtype
-    else:
-        out_dtype = jnp.result_type(x, *params)
-    return normalize(kind, x, scale, bias, eps=mod.epsilon, out_dtype=out_dtype,
-                     zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)
+def _call(mod, kind, x, mask):
+    """The output on the kernels, or None where flax's own code runs."""
+    name = "RMSNorm" if kind == "rms" else "LayerNorm"
+    scale = mod.scale[...] if mod.scale is not None else None
+    bias = mod.bias[...] if kind == "layer" and mod.bias is not None else None
+    promote = getattr(mod, "promote_dtype", _dtypes.promote_dtype)
+    promoted = promote((x, scale, bias) if kind == "layer" else (x, scale), dtype=mod.dtype)
+    xa, scale = jnp.asarray(promoted[0]), promoted[1]
+    bias = promoted[2] if kind == "layer" else None
+    rows, reason, detail = flax_rows(xa, mod.reduction_axes, mod.feature_axes, mask=mask,
+                                     axis_index_groups=mod.axis_index_groups)
+    if rows is not None:
+        params = [(n, p.dtype) for n, p in (("scale", scale), ("bias", bias)) if p is not None]
+        out_dtype = flax_out_dtype(xa, [d for _, d in params], mod.dtype)
+        reason, detail = dtype_reason([("x", xa.dtype), *params, ("dtype", out_dtype)])
+    if reason is not None:
+        fallback(f"jax_rmsnorm.flax.nnx.{name}", f"flax.nnx.{name}", reason, detail, mod.zero_centered_gamma)
+        return None
+    took_kernels()
+    return rows.run(kind, xa, scale, bias, eps=mod.epsilon, out_dtype=out_dtype,
+                    zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)
 
 
 class RMSNorm(nnx.RMSNorm):
-    """``flax.nnx.RMSNorm`` on jax_rmsnorm's kernels; ``x``: ``(..., num_features)``."""
+    """``flax.nnx.RMSNorm`` on jax_rmsnorm's kernels.
+
+    ``x``: any shape, normalized over ``reduction_axes`` (default -1, of
+    size ``num_features``); output in ``dtype`` or else the promotion of x
+    and ``scale``. Kernels or flax's own code as in ``jax_rmsnorm.flax.nnx``.
+    """
 
     def __init__(self, num_features: int, *, zero_centered_gamma: bool = False, **kwargs):
         super().__init__(num_features, **kwargs)
-        self.zero_centered_gamma = zero_centered_gamma
-        check_flax_module(self)
+        self.zero_centered_gamma = check_bool(zero_centered_gamma, "zero_centered_gamma")
 
     def __call__(self, x, mask=None):
-        scale = self.scale[...] if self.scale is not None else None
-        return _call(self, "rms", x, scale, None, mask)
+        y = _call(self, "rms", x, mask)
+        return super().__call__(x, mask=mask) if y is None else y
 
 
 class LayerNorm(nnx.LayerNorm):
-    """``flax.nnx.LayerNorm`` on jax_rmsnorm's kernels; ``x``: ``(..., num_features)``."""
+    """``flax.nnx.LayerNorm`` on jax_rmsnorm's kernels.
+
+    ``x``: any shape, normalized over ``reduction_axes`` (default -1, of
+    size ``num_features``); output in ``dtype`` or else the promotion of x
+    and the parameters. Kernels or flax's own code as in
+    ``jax_rmsnorm.flax.nnx``.
+    """
 
     def __init__(self, num_features: int, *, zero_centered_gamma: bool = False, **kwargs):
         super().__init__(num_features, **kwargs)
-        self.zero_centered_gamma = zero_centered_gamma
-        check_flax_module(self)
+        self.zero_centered_gamma = check_bool(zero_centered_gamma, "zero_centered_gamma")
 
     def __call__(self, x, *, mask=None):
-        scale = self.scale[...] if self.scale is not None else None
-        bias = self.bias[...] if self.bias is not None else None
-        return _call(self, "layer", x, scale, bias, mask)
+        y = _call(self, "layer", x, mask)
+        return super().__call__(x, mask=mask) if y is None else y
