@@ -1033,7 +1033,7 @@ _g = jnp.ones((32,), jnp.float32)
     (lambda: jrn.layer_norm_fp8_current(_x, _g, residual=_x.astype(jnp.float16)), TypeError, "residual must"),
     (lambda: jrn.rms_norm_fp8_rowwise(_x, _g, scale_ub="1"), TypeError, "scale_ub must be a Python number"),
     (lambda: jrn.layer_norm_fp8_rowwise(_x, _g, out_dtype=jnp.float32), TypeError, "out_dtype"),
-    (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=24), ValueError, "group_size must be >= 1 and divide"),
+    (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=24), ValueError, "group_size must divide the hidden size 32"),
     (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, group_size=0), ValueError, "group_size"),
     (lambda: jrn.layer_norm_fp8_groupwise(_x, _g, group_size=16.0), TypeError, "group_size must be an int"),
     (lambda: jrn.rms_norm_fp8_groupwise(_x, _g, residual=_x[:, :16]), ValueError, "residual must have x's shape"),
