@@ -18,7 +18,9 @@ from reference import device, random
 E4M3 = jnp.float8_e4m3fn
 
 # Each setting as a context manager; "all" stacks every one that a program
-# may keep on at once.
+# may keep on at once. Its transfer guard leaves device-to-host transfers
+# allowed: debug_nans/debug_infs read every output back to the host to look
+# for NaNs (JAX's own check, which "disallow" refuses on a GPU).
 SETTINGS = {
     "disable_jit": lambda: jax.disable_jit(),
     "enable_checks": lambda: jax.enable_checks(True),
@@ -30,15 +32,23 @@ SETTINGS = {
     "x32": lambda: jax.enable_x64(False),
     "transfer_guard": lambda: jax.transfer_guard("disallow"),
     "all": lambda: _stacked("enable_checks", "debug_nans", "debug_infs", "rank_promotion_raise",
-                            "dtype_promotion_strict", "x64", "transfer_guard"),
+                            "dtype_promotion_strict", "x64", extra=_guard_to_device()),
 }
 
 
 @contextlib.contextmanager
-def _stacked(*names):
+def _stacked(*names, extra=None):
     with contextlib.ExitStack() as stack:
         for name in names:
             stack.enter_context(SETTINGS[name]())
+        if extra is not None:
+            stack.enter_context(extra)
+        yield
+
+
+@contextlib.contextmanager
+def _guard_to_device():
+    with jax.transfer_guard_host_to_device("disallow"), jax.transfer_guard_device_to_device("disallow"):
         yield
 
 
@@ -266,7 +276,9 @@ def test_setting(case, setting, mode, platform):
         pytest.importorskip("equinox" if case == "equinox" else "flax")
     f, argnums, args, cts, want = _baseline(case, platform)
     run = partial(_vjp, f, argnums)
-    with SETTINGS[setting]():
+    # On the platform's device, as a program there runs: the replaced Flax
+    # module's own promote_dtype makes eager conversions on the default device.
+    with jax.default_device(device(platform)), SETTINGS[setting]():
         got = jax.jit(run)(args, cts) if mode == "jit" else run(args, cts)
         jax.block_until_ready(got)
     _assert_same(got, want, f"{case} under {setting} ({mode})")
