@@ -235,3 +235,51 @@ def run_script(path, *args, env=None):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stdout
+
+
+# ---------------------------------------------------------------------------
+# block-scaled quantization (MXFP8, NVFP4) as jax.nn's scaled_dot_general
+# defines it: the reference for the block-scaled outputs' codes and scales.
+
+
+def e8m0_round_up(s):
+    """float32 scales as E8M0 exponents (uint8), rounded up to a power of two:
+    the exponent, plus one where mantissa bits are set (not for the largest
+    finite exponent, nor for subnormals of at most half the smallest normal)."""
+    bits = np.asarray(s, np.float32).view(np.uint32)
+    exp, mant = bits >> 23, bits & 0x7FFFFF
+    up = (mant > 0) & (exp != 0xFE) & ~((exp == 0) & (mant <= 0x400000))
+    return (exp + up).astype(np.uint8)
+
+
+def e8m0_value(e):
+    """The float32 value of E8M0 exponents (uint8): 2 ** (e - 127), with 0
+    read as 2 ** -127 (so that an all-zero block divides by a nonzero scale)."""
+    v = (np.asarray(e, np.uint32) << 23).view(np.float32)
+    return np.where(v == 0, np.float32(2.0 ** -127), v).astype(np.float32)
+
+
+def quantize_blocks(y, mode, code_dtype, block, global_scale=None):
+    """Codes and scales of float32 ``y`` quantized in blocks of ``block``
+    along its last axis: ``mode`` "mxfp8" (E8M0 scales, uint8 exponents
+    here) or "nvfp4" (E4M3 scales of the values divided by the float32
+    ``global_scale``). Finite inputs only: what NaN does is this library's;
+    so are NVFP4 blocks whose scale rounds to zero (divided by zero here, as
+    jax.nn's quantizer does)."""
+    import ml_dtypes
+    y = np.asarray(y, np.float32)
+    blocks = y.reshape(y.shape[:-1] + (y.shape[-1] // block, block))
+    top = np.float32(float(ml_dtypes.finfo(code_dtype).max))
+    if mode == "mxfp8":
+        scales = e8m0_round_up(np.max(np.abs(blocks), -1, keepdims=True) / top)
+        scaled = blocks / e8m0_value(scales)
+    elif mode == "nvfp4":
+        blocks = blocks / np.float32(global_scale)
+        e4m3_max = np.float32(float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max))
+        scales = np.clip(np.max(np.abs(blocks), -1, keepdims=True) / top, 0, e4m3_max).astype(ml_dtypes.float8_e4m3fn)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a block whose scale rounds to 0: as jax.nn's
+            scaled = blocks / scales.astype(np.float32)
+    else:
+        raise ValueError(f"mode must be 'mxfp8' or 'nvfp4', got {mode!r}")
+    codes = np.clip(scaled, -top, top).astype(code_dtype).reshape(y.shape)
+    return codes, scales[..., 0]
