@@ -44,6 +44,14 @@ from ._compat import compiled_impl, require_devices_during_lowering, traced_aval
 # the maps
 
 
+def _replaced(values, at, new):
+    """``values`` as a list, with ``new``'s entries in turn at the indices ``at``."""
+    out = list(values)
+    for i, v in zip(at, new):
+        out[i] = v
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class _Op:
     """What one op's maps share. ``reference(static, *args)`` is the op's math
@@ -88,18 +96,13 @@ class LinearMap:
         moving = self.lin_out if self.transposed else self.lin_in
 
         def of(*chosen):  # the reference as a function of the arguments in `moving`
-            full = list(args)
-            for i, v in zip(moving, chosen):
-                full[i] = v
-            return self.op.reference(self.op.static, *full)
+            return self.op.reference(self.op.static, *_replaced(args, moving, chosen))
 
         if not self.transposed:
             _, tangents = jax.jvp(of, tuple(args[i] for i in moving), tuple(lin))
             return [tangents[j] for j in self.lin_out]
         outs, pullback = jax.vjp(of, *(args[i] for i in moving))
-        cts = [None if o is None else jnp.zeros_like(o) for o in outs]
-        for j, ct in zip(self.lin_in, lin):
-            cts[j] = ct
+        cts = _replaced([None if o is None else jnp.zeros_like(o) for o in outs], self.lin_in, lin)
         return list(pullback(tuple(cts)))
 
     @property
@@ -109,9 +112,7 @@ class LinearMap:
         return self._backward
 
     def _backward(self, primals, res, lin):
-        cts = [None] * self.n_outs
-        for j, ct in zip(self.lin_in, lin):
-            cts[j] = ct
+        cts = _replaced([None] * self.n_outs, self.lin_in, lin)
         got = self.op.backward(self.op.static, self._full(self.args, primals), self._full(self.res, res),
                                tuple(cts))
         return [got[i] for i in self.lin_out]
@@ -218,10 +219,7 @@ def _jvp(primals_in, tangents_in, *, spec):
     moving = [i for i, t in enumerate(t_primals) if type(t) is not ad.Zero]
     if moving:
         def of(*chosen):
-            full = list(primals)
-            for i, v in zip(moving, chosen):
-                full[i] = v
-            return spec.formula(full, lin)
+            return spec.formula(_replaced(primals, moving, chosen), lin)
 
         _, extra = jax.jvp(of, tuple(primals[i] for i in moving), tuple(t_primals[i] for i in moving))
         total = list(extra) if total is None else [a + b for a, b in zip(total, extra)]
@@ -321,8 +319,7 @@ def kernel_op(fwd, reference, backward=None, primal=None):
                              tuple(r is not None for r in res), len(outs), lin_in, lin_out)
             vals = linear_p.bind(*(p for p in primals if p is not None), *(r for r in res if r is not None),
                                  *(tangents[i] for i in lin_in), spec=spec)
-            for j, v in zip(lin_out, vals):
-                t_outs[j] = v
+            t_outs = _replaced(t_outs, lin_out, vals)
         t_res = tuple(None if r is None else SymbolicZero.from_primal_value(r) for r in res)
         return (outs, res), (tuple(t_outs), t_res)
 

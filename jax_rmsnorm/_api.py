@@ -14,14 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from ._checks import (Config, as_array, check_axis_name, check_bool, check_hidden_size, check_like, check_param,
-                      check_stat, check_x, config, dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
+                      check_stat, check_x, config, dtype_name, is_fp8, no_fp8_options, staged)
 from ._compat import varying_axes
 from ._ad import kernel_op
 from ._core import (backward, forward, full_hidden, grad_sums, moments_reference, normalize_reference,
                     scale_reference, slice_stats, sliced_forward, sum_to_primal_vma)
 from ._fused import _run
 from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, _placeholder, all_reduce_norm_p,
-                          merge_layer_stats, nvlink_available)
+                          kernel_params, merge_layer_stats, nvlink_available)
 
 Array = jax.Array
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 X_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 # gamma and beta: any of X_DTYPES with any x (the kernels take them in x's
-# dtype or float32; others are widened to float32, see kernel_params).
+# dtype or float32; others are widened to float32, see _primitives.kernel_params).
 PARAM_DTYPES = X_DTYPES
 FP8_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 FP8_MAX = {np.dtype(jnp.float8_e4m3fn): 448.0, np.dtype(jnp.float8_e5m2): 57344.0}
@@ -140,19 +140,6 @@ def check_param(p, name, x):
     if p.dtype not in PARAM_DTYPES:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {dtype_name(p.dtype)}")
     return p
-
-
-def kernel_params(x, gamma, beta=None):
-    """gamma and beta as the kernels on ``x`` take them: both in x's dtype or
-    both in float32. Parameters that are not (a bf16 gamma of a float32 x,
-    unlike dtypes of gamma and beta) are widened to float32, exactly; the
-    cast's own gradient brings dgamma/dbeta back in each one's dtype."""
-    present = [p for p in (gamma, beta) if p is not None]
-    dtypes = {np.dtype(p.dtype) for p in present}
-    if len(dtypes) <= 1 and dtypes <= {np.dtype(jnp.float32), np.dtype(x.dtype)}:
-        return gamma, beta
-    widen = lambda p: None if p is None else p.astype(jnp.float32)
-    return widen(gamma), widen(beta)
 
 
 def check_like(a, name, x):

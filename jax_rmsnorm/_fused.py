@@ -21,11 +21,11 @@ import jax.numpy as jnp
 
 from ._checks import (FP8_MAX, Config, check_axis_name, check_bool, check_fp8_input, check_group_size, check_h_dtype,
                       check_out_dtype, check_param, check_residual, check_scale_ub, check_tensor_scale, check_x, config,
-                      dtype_name, is_fp8, kernel_params, no_fp8_options, staged)
+                      dtype_name, is_fp8, no_fp8_options, staged)
 from ._ad import kernel_op
 from ._core import (backward, full_hidden, grad_sums, normalize_reference, param_dtype, slice_stats, sliced_forward,
                     sum_to_primal_vma)
-from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_param, norm_fwd_fused
+from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_params, norm_fwd_fused
 
 Array = jax.Array
 
@@ -75,7 +75,7 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
     spec, norm = cfg.spec, cfg.norm
     if cfg.axes:
         stats, h = slice_stats(x, norm.kind, residual, spec.h_dtype)  # h and its statistics: one pass
-        y, mean, rstd = sliced_forward(h, kernel_param(gamma, h), kernel_param(beta, h), norm, cfg.axes, stats)
+        y, mean, rstd = sliced_forward(h, *kernel_params(h, gamma, beta), norm, cfg.axes, stats)
         return y.astype(x.dtype), mean, rstd, h, None, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
@@ -156,7 +156,7 @@ def _fused_bwd(cfg, args, res, cts):
         return (gx, None, sum_to_primal_vma(dgamma, gamma), sum_to_primal_vma(dbeta, beta), d_scale, gxs)
     dh = None if ct_h is None else ct_h.astype(saved.dtype)
     # With h in float32 and bf16/f16 parameters, the kernels run in float32.
-    g, b = kernel_param(gamma, saved), kernel_param(beta, saved)
+    g, b = kernel_params(saved, gamma, beta)
     coef = None
     if cfg.axes and saved.size:  # the rows' sums, of whole rows
         coef = jax.lax.psum(grad_sums(dy, saved, mean, rstd, g, norm), cfg.axes) / full_hidden(saved, cfg.axes)

@@ -38,10 +38,11 @@ def took_kernels() -> None:
     calls["kernel"] += 1
 
 
-def fallback(owner: str, upstream: str, reason: str, detail: str, zero_centered_gamma=False) -> None:
+def fallback(owner: str, upstream: str, reason: str, detail: str, zero_centered_gamma=False, stacklevel=3) -> None:
     """Notes a call that runs ``upstream``'s own code: warns once per
-    ``owner`` and ``reason`` (a mask, axes, dtype, ...), naming ``detail``.
-    ``zero_centered_gamma`` exists on the kernels only: it refuses the call."""
+    ``owner`` and ``reason`` (a mask, axes, dtype, ...), naming ``detail``
+    (``stacklevel`` frames up). ``zero_centered_gamma`` exists on the
+    kernels only: it refuses the call."""
     if check_bool(zero_centered_gamma, "zero_centered_gamma"):
         raise ValueError(f"{owner}: zero_centered_gamma=True runs on jax_rmsnorm's kernels only, and {detail} "
                          f"needs {upstream}'s own code, which has no zero_centered_gamma")
@@ -50,7 +51,7 @@ def fallback(owner: str, upstream: str, reason: str, detail: str, zero_centered_
         return
     _warned.add((owner, reason))
     warnings.warn(f"{owner} runs {upstream}'s own code, not jax_rmsnorm's kernels (a slow path), for {detail}. "
-                  f"Warned once per process for this reason ({reason}).", FallbackWarning, stacklevel=3)
+                  f"Warned once per process for this reason ({reason}).", FallbackWarning, stacklevel=stacklevel)
 
 
 # ---------------------------------------------------------------------------
@@ -144,6 +145,25 @@ def flax_out_dtype(x, param_dtypes, dtype):
     if not jnp.issubdtype(out, jnp.inexact):
         out = jnp.promote_types(jnp.float32, out)
     return np.dtype(out)
+
+
+def flax_path(mod, x, mask, owner: str, upstream: str, param_dtypes):
+    """``(rows, out_dtype)`` where the kernels compute the flax module
+    ``mod``'s normalization of the array ``x``, else None (after noting the
+    fallback: flax's own code runs). ``param_dtypes(rows)``: the ``(name,
+    dtype)`` of the parameters in this call; ``owner``/``upstream``: the
+    module's and the replaced module's names, for the warning."""
+    rows, reason, detail = flax_rows(x, mod.reduction_axes, mod.feature_axes, mask=mask,
+                                     axis_index_groups=mod.axis_index_groups)
+    if rows is not None:
+        params = param_dtypes(rows)
+        out_dtype = flax_out_dtype(x, [d for _, d in params], mod.dtype)
+        reason, detail = dtype_reason([("x", x.dtype), *params, ("dtype", out_dtype)])
+    if reason is not None:
+        fallback(owner, upstream, reason, detail, mod.zero_centered_gamma, stacklevel=4)  # as from _call
+        return None
+    took_kernels()
+    return rows, out_dtype
 
 
 def _is_dtype(d) -> bool:

@@ -338,12 +338,18 @@ def residual_sum(x, residual, h_dtype):
     return (x.astype(np.float32) + residual.astype(np.float32)).astype(h_dtype)
 
 
-def kernel_param(p, x):
-    """A parameter as the kernels on ``x`` take it: float32 or ``x``'s dtype
-    (others, e.g. bf16 parameters of a float32 ``h``, become float32)."""
-    if p is None or p.dtype in (np.dtype(np.float32), x.dtype):
-        return p
-    return p.astype(np.float32)
+def kernel_params(x, gamma, beta=None):
+    """gamma and beta (present, placeholders or None) as the kernels on ``x``
+    take them: both in x's dtype or both in float32. Parameters that are not
+    (a bf16 gamma of a float32 x or h, unlike dtypes of gamma and beta) are
+    widened to float32, exactly; the cast's own gradient brings dgamma/dbeta
+    back in each one's dtype."""
+    present = [p for p in (gamma, beta) if p is not None]
+    dtypes = {np.dtype(p.dtype) for p in present}
+    if len(dtypes) <= 1 and dtypes <= {np.dtype(np.float32), np.dtype(x.dtype)}:
+        return gamma, beta
+    widen = lambda p: None if p is None else p.astype(np.float32)
+    return widen(gamma), widen(beta)
 
 
 def _fwd_add_sharded(st, axes, hidden, x, *rest):
@@ -355,7 +361,7 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     n_params = 1 if st.kind == RMS else 2
     params, (residual, placeholder) = rest[:n_params], rest[n_params:n_params + 2]
     slice_stats, h = _add_stats_kernel(st.kind, x, residual, st.fused.h_dtype)
-    y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *(kernel_param(p, h) for p in params),
+    y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *kernel_params(h, *params)[:n_params],
                              slice_stats=slice_stats)
     return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32)]
 
@@ -399,7 +405,7 @@ def _fwd_quant_sharded(st, axes, hidden, x, *rest):
         slice_stats, h = _add_stats_kernel(st.kind, x, residual, fused.h_dtype)
     else:
         slice_stats, h = _stats_kernel(st.kind, x), x
-    params = [kernel_param(p, h) for p in params]
+    params = list(kernel_params(h, *params)[:n_params])
     mean, rstd = combine_stats(st.kind, slice_stats, axes, hidden, h.shape[-1], st.eps)
     stats = [rstd] if st.kind == RMS else [mean, rstd]
     pmax = lambda v: jax.lax.pmax(v, axes) if axes else v

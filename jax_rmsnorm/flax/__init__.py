@@ -32,7 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from .._modules import dtype_reason, fallback, flax_out_dtype, flax_rows, took_kernels
+from .._modules import flax_path
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
@@ -50,19 +50,14 @@ def _call(mod, kind, x, mask):
     """The output on the kernels, or None where flax's own code runs."""
     name = "RMSNorm" if kind == "rms" else "LayerNorm"
     xa = jnp.asarray(x)
-    rows, reason, detail = flax_rows(xa, mod.reduction_axes, mod.feature_axes, mask=mask,
-                                     axis_index_groups=mod.axis_index_groups)
     inits = {"scale": mod.scale_init} if mod.use_scale else {}
     if kind == "layer" and mod.use_bias:
         inits["bias"] = mod.bias_init
-    if rows is not None:
-        dtypes = {n: _param_dtype(mod, n, init, rows.param_shape) for n, init in inits.items()}
-        out_dtype = flax_out_dtype(xa, list(dtypes.values()), mod.dtype)
-        reason, detail = dtype_reason([("x", xa.dtype), *dtypes.items(), ("dtype", out_dtype)])
-    if reason is not None:
-        fallback(f"jax_rmsnorm.flax.{name}", f"flax.linen.{name}", reason, detail, mod.zero_centered_gamma)
+    path = flax_path(mod, xa, mask, f"jax_rmsnorm.flax.{name}", f"flax.linen.{name}", lambda rows: [
+        (n, _param_dtype(mod, n, init, rows.param_shape)) for n, init in inits.items()])
+    if path is None:
         return None
-    took_kernels()
+    rows, out_dtype = path
     params = {n: mod.param(n, init, rows.param_shape, mod.param_dtype) for n, init in inits.items()}
     return rows.run(kind, xa, params.get("scale"), params.get("bias"), eps=mod.epsilon, out_dtype=out_dtype,
                     zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)

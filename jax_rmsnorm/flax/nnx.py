@@ -20,7 +20,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes as _dtypes
 
 from .._checks import check_bool
-from .._modules import dtype_reason, fallback, flax_out_dtype, flax_rows, took_kernels
+from .._modules import flax_path
 
 __all__ = ["RMSNorm", "LayerNorm"]
 
@@ -34,16 +34,11 @@ def _call(mod, kind, x, mask):
     promoted = promote((x, scale, bias) if kind == "layer" else (x, scale), dtype=mod.dtype)
     xa, scale = jnp.asarray(promoted[0]), promoted[1]
     bias = promoted[2] if kind == "layer" else None
-    rows, reason, detail = flax_rows(xa, mod.reduction_axes, mod.feature_axes, mask=mask,
-                                     axis_index_groups=mod.axis_index_groups)
-    if rows is not None:
-        params = [(n, p.dtype) for n, p in (("scale", scale), ("bias", bias)) if p is not None]
-        out_dtype = flax_out_dtype(xa, [d for _, d in params], mod.dtype)
-        reason, detail = dtype_reason([("x", xa.dtype), *params, ("dtype", out_dtype)])
-    if reason is not None:
-        fallback(f"jax_rmsnorm.flax.nnx.{name}", f"flax.nnx.{name}", reason, detail, mod.zero_centered_gamma)
+    path = flax_path(mod, xa, mask, f"jax_rmsnorm.flax.nnx.{name}", f"flax.nnx.{name}", lambda rows: [
+        (n, p.dtype) for n, p in (("scale", scale), ("bias", bias)) if p is not None])
+    if path is None:
         return None
-    took_kernels()
+    rows, out_dtype = path
     return rows.run(kind, xa, scale, bias, eps=mod.epsilon, out_dtype=out_dtype,
                     zero_centered_gamma=mod.zero_centered_gamma, axis_name=mod.axis_name)
 
