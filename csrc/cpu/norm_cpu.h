@@ -245,6 +245,19 @@ inline double sum_f64(int64_t n, F term) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// LayerNorm's centring of a row on its mean, in float64: row[i] - mean, and
+// with `exact` less the row's residue from that mean, mean(row - mean). The
+// mean is stored in float32, off from the row's by up to half its ulp: on a
+// row far from zero (mean 1e6: up to 0.03) far more than a float32 ulp of the
+// centred values. The residue puts the exact mean back, and every pass that
+// recomputes it from the same float32 mean gets the same bits. Not `exact`
+// where the mean is given for a longer row (a slice of the hidden dim).
+inline void centre_row(std::vector<float>& row, int64_t H, float mean, bool exact) {
+  const double m = mean;
+  const double c = exact ? sum_f64(H, [&](int64_t i) { return row[i] - m; }) / static_cast<double>(H) : 0.0;
+  for (int64_t i = 0; i < H; ++i) row[i] = static_cast<float>((row[i] - m) - c);
+}
+
 // A row's gradient sums in float64: sum(gdy * xhat) and, with `with_gdy`,
 // sum(gdy); xhat(i) is the row's i-th normalized element. The backward's
 // coefficients are these over the hidden size; grad_stats writes them.
@@ -493,26 +506,31 @@ struct CpuKernels {
         for (int64_t i = 0; i < H; ++i) row[i] = to_float(xr[i]);
       }
       if (a.residual && !stored_h) add_residual<T>(a, r, H, row);
-      // Current scaling's second pass takes the statistics its first wrote
-      // (the same sums, so the same bits).
-      const bool given = a.given_stats || second;
-      float mean = 0.f;
+      // Current scaling's second pass recomputes the statistics its first
+      // wrote (the same sums, so the same bits).
+      const bool given = a.given_stats;
       if constexpr (K == NormKind::kLayer) {
-        mean = given ? a.mean[r]
-                     : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
-                                          static_cast<double>(H));
-      }
-      if constexpr (K == NormKind::kLayer) {
-        for (int64_t i = 0; i < H; ++i) row[i] -= mean;
+        const float mean = given ? a.mean[r]
+                                 : static_cast<float>(sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]); }) /
+                                                      static_cast<double>(H));
+        centre_row(row, H, mean, !given);
+        if (!given) a.mean[r] = mean;
       }
       float rstd;
       if (given) {
         rstd = a.rstd[r];
       } else {
+        // In float64: the squares of any float32 row and their sum stay finite.
         const double ss = sum_f64(H, [&](int64_t i) { return static_cast<double>(row[i]) * row[i]; });
-        rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps));
+        const double rstd64 = 1.0 / std::sqrt(ss / static_cast<double>(H) + a.eps);
+        rstd = static_cast<float>(rstd64);
         a.rstd[r] = rstd;
-        if constexpr (K == NormKind::kLayer) a.mean[r] = mean;
+        // An RMS beyond 2^126 leaves rstd below float32's normal range (its
+        // stored value subnormal or zero): the row is scaled in float64.
+        if (rstd64 < std::numeric_limits<float>::min()) {
+          for (int64_t i = 0; i < H; ++i) row[i] = static_cast<float>(row[i] * rstd64);
+          rstd = 1.f;
+        }
       }
       const bool shifted = a.beta != nullptr;
       if (a.quant == Quant::kNone) {
@@ -591,12 +609,15 @@ struct CpuKernels {
           double* dg = a.dgamma ? part.data() + b * outs * H : nullptr;
           double* db = a.dbeta ? part.data() + (b * outs + outs - 1) * H : nullptr;
           for (int64_t r = g * rpg + rpg * b / blocks; r < g * rpg + rpg * (b + 1) / blocks; ++r) {
-            const float mean = K == NormKind::kLayer ? a.mean[r] : 0.f, rstd = a.rstd[r];
+            const float rstd = a.rstd[r];
             const T* x = static_cast<const T*>(a.x) + r * H;
             const T* dy = static_cast<const T*>(a.dy) + r * H;
+            for (int64_t i = 0; i < H; ++i) xhat[i] = to_float(x[i]);
+            // Whole rows (no coefficients given) centre on their exact mean, as the forward did.
+            if constexpr (K == NormKind::kLayer) centre_row(xhat, H, a.mean[r], !a.coef);
             for (int64_t i = 0; i < H; ++i) {
               d[i] = to_float(dy[i]);
-              xhat[i] = (to_float(x[i]) - mean) * rstd;
+              xhat[i] *= rstd;
               gdy[i] = d[i] * scale[i];
             }
             float c1, c2 = 0.f;
