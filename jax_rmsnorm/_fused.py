@@ -1,5 +1,6 @@
-"""Public fused variants: residual add + norm, norm + FP8 quantization, and the
-norm of an FP8 input (dequantized in the kernel).
+"""Public fused variants: residual add + norm, norm + FP8 quantization (scaled
+per tensor, row or group, or block-scaled: MXFP8, NVFP4), and the norm of an
+FP8 input (dequantized in the kernel).
 
 One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
 quantization (and ``h``) written once, with the statistics the backward needs.

@@ -166,7 +166,9 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
 # "current": shaped like ``scale``, whose values are not read). With ``transpose``
 # (quant "current"): qt, y's bytes transposed per tensor, ``scale.shape + (hidden,
-# rows per tensor)``, written by the same kernels. Absent operands and outputs
+# rows per tensor)``, written by the same kernels. With quant "group" and a
+# block-scaled ``group_scale``, qs holds the E8M0 / E4M3 block scales, and for
+# NVFP4 ``scale`` the per-tensor global scale. Absent operands and outputs
 # are empty placeholders: residual/h of shape (0,), scale/x_scale/qs/qt (0,) float32.
 
 QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
