@@ -31,8 +31,9 @@ JRN_HOST_DEVICE inline uint32_t fp8_nan_code(Fp8 f) { return f == Fp8::kE4M3 ? 0
 //    per tensor), scale = E4M3(min(max|t| / 6, 448)) rounded to nearest
 //    even, codes E2M1(clip(t / scale, -6, 6)) rounded to nearest even (a
 //    division, not a product with the reciprocal). A block whose scale
-//    rounds to 0 (all zeros, or max|t| below 2^-10 * 6 / 2): scale 0 and
-//    codes +0 (the quantizer divides by zero there).
+//    rounds to 0 (max|t| / 6 at most 2^-10, half E4M3's smallest subnormal:
+//    all zeros, or tiny values): scale 0 and codes +0 (the quantizer divides
+//    by zero there).
 //  * A block holding NaN or an infinity (of y, or of t): NaN scale (E8M0
 //    0xff, E4M3 0x7f) and every code NaN (FP8: fp8_nan_code) or +0 (E2M1,
 //    which has no NaN), so the whole block dequantizes to NaN (the

@@ -541,7 +541,7 @@ def rms_norm_nvfp4(x: Array, gamma: Optional[Array] = None, *, global_scale, eps
     (float32 ``y``, float32 division): ``scale = E4M3(min(max|t| / 6,
     448))`` rounded to nearest even, ``q = E2M1(clip(t / scale, -6, 6))``
     rounded to nearest even; so ``y ~ q * scale * global_scale``. A block
-    whose scale rounds to 0 (all zeros, or ``max|t| < 6 * 2 ** -10``) gets
+    whose scale rounds to 0 (all zeros, or ``max|t| <= 6 * 2 ** -10``) gets
     codes +0.
 
     ``global_scale`` is given, not computed: a scale from this tensor's own
