@@ -44,7 +44,8 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
 
 // The quantization attributes that end both *_apply_fp8 bindings.
 #define JRN_APPLY_FP8_ATTRS \
-  .Attr<int32_t>("quant").Attr<int64_t>("group_size").Attr<float>("scale_ub").Attr<bool>("inverted").Attr<bool>("measure")
+  .Attr<int32_t>("quant").Attr<int64_t>("group_size").Attr<float>("scale_ub").Attr<bool>("inverted").Attr<bool>("measure") \
+      .Attr<int32_t>("group_scale")
 
 #define JRN_DEFINE_DIST_HANDLERS(PREFIX, BACKEND, BIND, CTX_DECL, CTX)                           \
   namespace jrn_dist_##PREFIX {                                                                 \
@@ -119,7 +120,8 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
   xf::Error ApplyFp8(CTX_DECL xf::AnyBuffer x, xf::AnyBuffer gamma, const xf::AnyBuffer* beta,  \
                      xf::AnyBuffer* mean, xf::AnyBuffer rstd, xf::AnyBuffer scale, xf::AnyBuffer q, \
                      xf::AnyBuffer qs, bool zc, bool has_gamma, bool has_beta, int32_t quant,   \
-                     int64_t group_size, float scale_ub, bool inverted, bool measure) {         \
+                     int64_t group_size, float scale_ub, bool inverted, bool measure,           \
+                     int32_t group_scale) {                                                     \
     const bool given = quant == static_cast<int32_t>(Quant::kTensor);                           \
     if (!given && quant != static_cast<int32_t>(Quant::kGroup))                                 \
       return xf::Error::InvalidArgument(                                                        \
@@ -131,9 +133,10 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
     /* x stands in for the absent residual, h and x_scale (none is read). */                    \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, x, scale, x, q, mean, rstd, x, qs,          \
                                   nullptr, 0.f, zc, has_gamma, has_beta, false, quant,          \
-                                  group_size, scale_ub, 0, &a);                                 \
+                                  group_size, scale_ub, 0, group_scale, &a);                    \
         e.failure())                                                                            \
       return e;                                                                                 \
+    if (auto e = check_group_scale<BACKEND>(a); e.failure()) return e;                          \
     a.given_stats = true;                                                                       \
     a.scale_inverted = inverted;                                                                \
     if (a.shape.rows == 0 && !given) return xf::Error::Success();                               \
@@ -198,20 +201,20 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
       JRN_BUFFERS(BIND, 4, 2) JRN_GAMMA_ATTRS JRN_APPLY_FP8_ATTRS,                                 \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf rstd, ::jrn::FfiBuf s,           \
          ::jrn::FfiRet q, ::jrn::FfiRet qs, bool zc, bool has_gamma, int32_t quant,                \
-         int64_t group_size, float scale_ub, bool inverted, bool measure) {                        \
+         int64_t group_size, float scale_ub, bool inverted, bool measure, int32_t group_scale) {   \
         return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kRms>(                                 \
             CTX x, g, nullptr, nullptr, rstd, s, *q, *qs, zc, has_gamma, false, quant, group_size, \
-            scale_ub, inverted, measure);                                                          \
+            scale_ub, inverted, measure, group_scale);                                             \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormApplyFp8,                                                           \
       JRN_BUFFERS(BIND, 6, 2) JRN_GAMMA_BETA_ATTRS JRN_APPLY_FP8_ATTRS,                            \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf mean,           \
          ::jrn::FfiBuf rstd, ::jrn::FfiBuf s, ::jrn::FfiRet q, ::jrn::FfiRet qs, bool zc,          \
          bool has_gamma, bool has_beta, int32_t quant, int64_t group_size, float scale_ub,         \
-         bool inverted, bool measure) {                                                            \
+         bool inverted, bool measure, int32_t group_scale) {                                       \
         return jrn_dist_##PREFIX::ApplyFp8<::jrn::NormKind::kLayer>(                               \
             CTX x, g, &b, &mean, rstd, s, *q, *qs, zc, has_gamma, has_beta, quant, group_size,     \
-            scale_ub, inverted, measure);                                                          \
+            scale_ub, inverted, measure, group_scale);                                             \
       });                                                                                          \
   JRN_HANDLER(PREFIX##RmsNormBwdGiven, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                    \
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \

@@ -151,6 +151,12 @@ struct FwdArgs {
   float* qscale = nullptr;       // kRow: one per row; kGroup: rows x (hidden / group_size)
   float scale_ub = std::numeric_limits<float>::infinity();  // kRow / kGroup: upper bound
   int64_t group_size = 0;        // kGroup
+  // kGroup: how each group's scale is made (norm_types.h). kE8M0 and kNvfp4
+  // write one scale byte a group to `block_scales` (qscale is then null);
+  // kNvfp4's codes are E2M1, one a byte, and its global scales are `scale`,
+  // one per tensor of `tensors`.
+  GroupScale group_scale = GroupScale::kFloat;
+  uint8_t* block_scales = nullptr;
   // FP8 input: x holds FP8 codes in format `x_fmt`, read as
   // code * x_scale[row * (hidden / x_group) + col / x_group]; y (and h) are
   // in the kernel's element type.

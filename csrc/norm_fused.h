@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "norm_common.h"
@@ -13,6 +14,76 @@ namespace jrn {
 
 // Largest finite value of each FP8 format; quantization saturates there.
 JRN_HOST_DEVICE inline float fp8_max(Fp8 f) { return f == Fp8::kE4M3 ? 448.f : 57344.f; }
+
+// The NaN code each FP8 format's conversions give (positive).
+JRN_HOST_DEVICE inline uint32_t fp8_nan_code(Fp8 f) { return f == Fp8::kE4M3 ? 0x7fu : 0x7eu; }
+
+// ---- The group scales of GroupScale (norm_types.h) beyond kFloat. Block
+// formats (kE8M0, kNvfp4) follow jax.nn's quantizer (scaled_dot_general's
+// MXFP8 and NVFP4 configurations) on finite blocks, in IEEE float32
+// arithmetic with denormals kept (not flushed); what that quantizer leaves
+// undefined or garbles is defined here:
+//  * kE8M0 (MXFP8, blocks of 32): s = amax / fp8_max (float32), scale byte
+//    e8m0_round_up(s) (byte 0 is 2^-127: an all-zero block quantizes to
+//    zeros), codes saturate(y / 2^(e - 127)) in the FP8 format.
+//  * kNvfp4 (blocks of 16): codes stored as XLA stores float4 arrays, two
+//    a byte, the first in the low 4 bits. t = y / global_scale (float32, global_scale
+//    per tensor), scale = E4M3(min(max|t| / 6, 448)) rounded to nearest
+//    even, codes E2M1(clip(t / scale, -6, 6)) rounded to nearest even (a
+//    division, not a product with the reciprocal). A block whose scale
+//    rounds to 0 (max|t| / 6 at most 2^-10, half E4M3's smallest subnormal:
+//    all zeros, or tiny values): scale 0 and codes +0 (the quantizer divides
+//    by zero there).
+//  * A block holding NaN or an infinity (of y, or of t): NaN scale (E8M0
+//    0xff, E4M3 0x7f) and every code NaN (FP8: fp8_nan_code) or +0 (E2M1,
+//    which has no NaN), so the whole block dequantizes to NaN (the
+//    quantizer maps an E8M0 NaN scale to 2^-127 and saturates the block).
+//  * kPow2 (per-group FP8, float32 scales): quant_scale's scale rounded up
+//    to a power of two (pow2_ceil), codes saturate(y * (1 / scale)), exact.
+constexpr float kFp4Max = 6.f;
+constexpr uint8_t kE8M0Nan = 0xff, kE4M3Nan = 0x7f;
+
+// float32 bits of a value and back, on the host and the device.
+JRN_HOST_DEVICE inline uint32_t f32_bits(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
+}
+JRN_HOST_DEVICE inline float f32_from_bits(uint32_t u) {
+  float v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
+// kPow2: a scale (> 0) rounded up to a power of two: the exponent, plus one
+// where mantissa bits are set; infinity and NaN as they are.
+JRN_HOST_DEVICE inline float pow2_ceil(float s) {
+  const uint32_t u = f32_bits(s);
+  if ((u & 0x7f800000u) == 0x7f800000u || (u & 0x7fffffu) == 0) return s;
+  return f32_from_bits((u & 0xff800000u) + 0x800000u);
+}
+
+// kE8M0: the E8M0 byte of a block whose float32 amax / fp8_max (finite,
+// >= 0, not flushed to zero) has bits `s`, rounded up as jax.nn's quantizer
+// rounds: the exponent, plus one where mantissa bits are set, except at the
+// largest finite exponent and for subnormals of at most 2^-127.
+JRN_HOST_DEVICE inline uint8_t e8m0_round_up(uint32_t s) {
+  const uint32_t exp = s >> 23, mant = s & 0x7fffffu;
+  const bool up = mant > 0 && exp != 0xfeu && !(exp == 0 && mant <= 0x400000u);
+  return static_cast<uint8_t>(exp + (up ? 1u : 0u));
+}
+
+// Whether a backend's kernels take group scales other than kFloat: a
+// backend says so with `static constexpr bool kGroupScales = true;` (the
+// CPU's); the handlers refuse them on the others.
+template <class Backend>
+constexpr bool backend_group_scales() {
+  if constexpr (requires { Backend::kGroupScales; }) {
+    return Backend::kGroupScales;
+  } else {
+    return false;
+  }
+}
 
 // Smallest per-row / per-group scale: an all-zero row quantizes to zeros with
 // this scale instead of dividing by zero.
@@ -93,10 +164,16 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                    ffi::AnyBuffer& h, ffi::AnyBuffer& qs, ffi::AnyBuffer* qt, float eps,
                                    bool zero_centered, bool has_gamma, bool has_beta, bool has_residual,
                                    int32_t quant, int64_t group_size, float scale_ub, int64_t x_group_size,
-                                   FwdArgs* a) {
+                                   int32_t group_scale, FwdArgs* a) {
   if (quant < 0 || quant > static_cast<int32_t>(Quant::kCurrent))
     return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
   a->quant = static_cast<Quant>(quant);
+  if (group_scale < 0 || group_scale > static_cast<int32_t>(GroupScale::kNvfp4))
+    return ffi::Error::InvalidArgument("jax_rmsnorm: unknown group scale");
+  a->group_scale = static_cast<GroupScale>(group_scale);
+  if (a->group_scale != GroupScale::kFloat && a->quant != Quant::kGroup)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: a group scale other than float32 goes with per-group output");
+  const bool block_scaled = a->group_scale == GroupScale::kE8M0 || a->group_scale == GroupScale::kNvfp4;
   const bool x_fp8 = is_fp8_type(x.element_type());
   if (x_fp8 && a->quant != Quant::kNone)
     return ffi::Error::InvalidArgument("jax_rmsnorm: FP8 input takes a float32/bfloat16/float16 output");
@@ -131,7 +208,10 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
     if (auto e = decode_residual(residual, h, n, xt.element_type(), a); e.failure()) return e;
   }
   if (a->quant == Quant::kNone) return ffi::Error::Success();
-  if (y.element_type() == ffi::DataType::F8E4M3FN) {
+  if (a->group_scale == GroupScale::kNvfp4) {  // E2M1 codes, two a byte; a->fp8 (E4M3) is the scales' format
+    if (y.element_type() != ffi::DataType::F4E2M1FN || group_size % 2 != 0)
+      return ffi::Error::InvalidArgument("jax_rmsnorm: NVFP4 output must be float4_e2m1fn in groups of an even size");
+  } else if (y.element_type() == ffi::DataType::F8E4M3FN) {
     a->fp8 = Fp8::kE4M3;
   } else if (y.element_type() == ffi::DataType::F8E5M2) {
     a->fp8 = Fp8::kE5M2;
@@ -162,11 +242,27 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   } else {
     if (group_size < 1 || a->shape.hidden % group_size != 0)
       return ffi::Error::InvalidArgument("jax_rmsnorm: group_size must divide the hidden size");
-    if (auto e = check_kind(qs, n / group_size, F32, F32, "group scales must be float32, one per group");
+    const ffi::DataType st = a->group_scale == GroupScale::kE8M0    ? ffi::DataType::F8E8M0FNU
+                             : a->group_scale == GroupScale::kNvfp4 ? ffi::DataType::F8E4M3FN
+                                                                    : F32;
+    if (auto e = check_kind(qs, n / group_size, st, st,
+                            "group scales must be one per group: float32, float8_e8m0fnu (MXFP8) or "
+                            "float8_e4m3fn (NVFP4)");
         e.failure())
       return e;
-    a->qscale = static_cast<float*>(qs.untyped_data());
+    if (block_scaled) {
+      a->block_scales = static_cast<uint8_t*>(qs.untyped_data());
+    } else {
+      a->qscale = static_cast<float*>(qs.untyped_data());
+    }
     a->group_size = group_size;
+    if (a->group_scale == GroupScale::kNvfp4) {  // the global scales, one per tensor
+      const int64_t tensors = static_cast<int64_t>(scale.element_count());
+      if (scale.element_type() != F32 || tensors < 1 || a->shape.rows % tensors != 0)
+        return ffi::Error::InvalidArgument("jax_rmsnorm: NVFP4's global scale must be float32, one per tensor");
+      a->scale = static_cast<const float*>(scale.untyped_data());
+      a->tensors = tensors;
+    }
   }
   // kCurrent's transposed copy: null or empty (not wanted), or q's bytes as
   // (tensors, hidden, rows per tensor).
@@ -184,12 +280,22 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   return ffi::Error::Success();
 }
 
+// Refuses group scales other than kFloat on a backend without kernels for
+// them (backend_group_scales).
+template <class Backend>
+inline ffi::Error check_group_scale(const FwdArgs& a) {
+  if (!backend_group_scales<Backend>() && a.group_scale != GroupScale::kFloat)
+    return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                      "jax_rmsnorm: block-scaled and power-of-two group scales have no kernels on this platform yet");
+  return ffi::Error::Success();
+}
+
 }  // namespace jrn
 
 // The attributes that follow the parameters' in the fused forward.
 #define JRN_FUSED_FWD_ATTRS                                                         \
   .Attr<bool>("has_residual").Attr<int32_t>("quant").Attr<int64_t>("group_size") \
-      .Attr<float>("scale_ub").Attr<int64_t>("x_group_size")
+      .Attr<float>("scale_ub").Attr<int64_t>("x_group_size").Attr<int32_t>("group_scale")
 
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
@@ -210,13 +316,15 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                         AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs,             \
                         AnyBuffer qt, float eps,                                                \
                         bool zc, bool has_gamma, bool has_beta, bool has_residual,              \
-                        int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {   \
+                        int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,     \
+                        int32_t group_scale) {                                                  \
     FwdArgs a;                                                                                  \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, xs, y, mean, rstd, h, qs, \
                                   &qt, eps, zc, has_gamma, has_beta, has_residual, quant,       \
-                                  group_size, scale_ub, x_group, &a);                           \
+                                  group_size, scale_ub, x_group, group_scale, &a);              \
         e.failure())                                                                            \
       return e;                                                                                 \
+    if (auto e = check_group_scale<BACKEND>(a); e.failure()) return e;                          \
     if (a.shape.rows == 0 && !a.tensor_amax())                                                  \
       return ::xla::ffi::Error::Success();                                                      \
     const AnyBuffer& xt = typed_input(x, y);                                                    \
@@ -230,12 +338,13 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
          ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
          ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps, bool zc, bool has_gamma,                   \
-         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group) {  \
+         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,    \
+         int32_t group_scale) {                                                                    \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,     \
                                                               nullptr, *rstd, *h, *qs, *qt, eps, zc, \
                                                               has_gamma, false, has_residual,      \
                                                               quant, group_size, scale_ub,         \
-                                                              x_group);                            \
+                                                              x_group, group_scale);               \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormFwdFused,                                                           \
       JRN_BUFFERS(BIND, 6, 6).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
@@ -243,10 +352,10 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
          ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
          ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps,       \
          bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,                 \
-         int64_t group_size, float scale_ub, int64_t x_group) {                                    \
+         int64_t group_size, float scale_ub, int64_t x_group, int32_t group_scale) {               \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                   \
             CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta, \
-            has_residual, quant, group_size, scale_ub, x_group);                                   \
+            has_residual, quant, group_size, scale_ub, x_group, group_scale);                      \
       });                                                                                          \
   JRN_HANDLER(PREFIX##RmsNormBwdAdd, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                      \
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \

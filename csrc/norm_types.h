@@ -18,4 +18,12 @@ constexpr int grad_sums_per_row(NormKind k) { return k == NormKind::kLayer ? 2 :
 enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent };
 enum class Fp8 { kE4M3, kE5M2 };
 
+// The scale of each group of a per-group output (Quant::kGroup): float32
+// amax / fp8_max (kFloat); that rounded up to a power of two (kPow2);
+// block-scaled formats as jax.nn's quantizer defines them: an E8M0 power of
+// two rounded up from amax / fp8_max (kE8M0, MXFP8), or an E4M3 scale of the
+// values divided by a per-tensor float32 global scale, with E2M1 codes
+// (kNvfp4, NVFP4). norm_fused.h has the rules.
+enum class GroupScale { kFloat, kPow2, kE8M0, kNvfp4 };
+
 }  // namespace jrn

@@ -29,10 +29,14 @@ from ._fused import (
     layer_norm_fp8_current,
     layer_norm_fp8_groupwise,
     layer_norm_fp8_rowwise,
+    layer_norm_mxfp8,
+    layer_norm_nvfp4,
     rms_norm_fp8,
     rms_norm_fp8_current,
     rms_norm_fp8_groupwise,
     rms_norm_fp8_rowwise,
+    rms_norm_mxfp8,
+    rms_norm_nvfp4,
 )
 
 __version__ = "0.1.0"
@@ -59,6 +63,10 @@ __all__ = [
     "layer_norm_fp8_rowwise",
     "rms_norm_fp8_groupwise",
     "layer_norm_fp8_groupwise",
+    "rms_norm_mxfp8",
+    "layer_norm_mxfp8",
+    "rms_norm_nvfp4",
+    "layer_norm_nvfp4",
     "cuda_built",
     "export_checks",
     "FallbackWarning",

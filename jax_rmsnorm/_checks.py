@@ -189,11 +189,12 @@ def check_scale(scale, name, what):
     return scale
 
 
-def check_tensor_scale(scale):
-    """The given per-tensor FP8 scale of an FP8 output: a float32 scalar."""
-    scale = check_scale(scale, "scale", "the per-tensor float32 scale (q = y * scale)")
+def check_tensor_scale(scale, name="scale", what="the per-tensor float32 scale (q = y * scale)"):
+    """A given per-tensor scale of an output (an FP8 output's ``scale``,
+    NVFP4's ``global_scale``): a float32 scalar, as :func:`check_scale`."""
+    scale = check_scale(scale, name, what)
     if scale.shape != ():
-        raise ValueError(f"scale must be a scalar (one scale per tensor), got shape {scale.shape}")
+        raise ValueError(f"{name} must be a scalar (one scale per tensor), got shape {scale.shape}")
     return scale
 
 
@@ -309,6 +310,15 @@ def check_group_size(group_size, x):
     if x.shape[-1] % g != 0:
         raise ValueError(f"group_size must divide the hidden size {x.shape[-1]}, got {g}")
     return g
+
+
+def check_block_size(x, block, fmt):
+    """A block-scaled format's block of ``block`` columns (MXFP8's 32,
+    NVFP4's 16) must divide x's hidden size."""
+    if x.shape[-1] % block != 0:
+        raise ValueError(f"x's hidden size must be a multiple of {block} for {fmt} (blocks of {block} columns, "
+                         f"one scale each), got shape {x.shape}")
+    return block
 
 
 def check_hidden_size(hidden_size, x):

@@ -1,5 +1,6 @@
-"""Public fused variants: residual add + norm, norm + FP8 quantization, and the
-norm of an FP8 input (dequantized in the kernel).
+"""Public fused variants: residual add + norm, norm + FP8 quantization (scaled
+per tensor, row or group, or block-scaled: MXFP8, NVFP4), and the norm of an
+FP8 input (dequantized in the kernel).
 
 One kernel pass per call: ``x`` (and ``residual``) read once, ``y`` or its FP8
 quantization (and ``h``) written once, with the statistics the backward needs.
@@ -19,7 +20,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._checks import (FP8_MAX, Config, check_axis_name, check_bool, check_fp8_input, check_group_size, check_h_dtype,
+from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_bool, check_fp8_input, check_group_size,
+                      check_h_dtype,
                       check_out_dtype, check_param, check_residual, check_scale_ub, check_tensor_scale, check_x, config,
                       dtype_name, is_fp8, no_fp8_options, staged)
 from ._ad import kernel_op
@@ -89,7 +91,7 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
         elif spec.quant == "row":
             qs = stat
         elif spec.quant == "group":
-            qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), jnp.float32)
+            qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), spec.scale_dtype)
         qt = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), y.dtype) if spec.transpose else None
         return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt
     typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
@@ -172,10 +174,20 @@ def _fused_bwd(cfg, args, res, cts):
 _fused = kernel_op(_fused_fwd, _fused_reference, _fused_bwd)
 
 
+# The block-scaled formats: their group scale (FusedSpec.group_scale), block
+# size, name and code dtype (None: out_dtype, FP8).
+_BLOCK_FORMATS = {"mxfp8": ("e8m0", 32, "MXFP8", None),
+                  "nvfp4": ("nvfp4", 16, "NVFP4", np.dtype(jnp.float4_e2m1fn))}
+
+
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
          out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None,
-         axis_name=None, transpose=False):
+         axis_name=None, transpose=False, power_of_two_scales=False, block_format=None):
     """Checks the arguments, then returns (y or q, h or None, qs or None, qt or None).
+
+    ``power_of_two_scales`` (quant "group"): scales rounded up to powers of
+    two. ``block_format`` (quant "group"): a key of _BLOCK_FORMATS, whose
+    block is the group; NVFP4 takes ``scale`` as its global scale.
 
     ``x_scale``/``x_group_size``/``dtype``: an FP8 ``x``'s scales, the columns
     per scale (None: one scale for the tensor), and the output dtype.
@@ -201,16 +213,25 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec.update(residual=True, h_dtype=check_h_dtype(h_dtype, typed))
     elif h_dtype is not None:
         raise ValueError("h_dtype is only meaningful with a residual")
-    if quant is not None:
-        spec["out_dtype"] = check_out_dtype(out_dtype)
+    fmt = _BLOCK_FORMATS[block_format] if block_format is not None else None
+    if quant is not None:  # NVFP4's codes are E2M1 (no out_dtype)
+        spec["out_dtype"] = fmt[3] if fmt and fmt[3] is not None else check_out_dtype(out_dtype)
     if quant == "tensor":
         scale = check_tensor_scale(scale)
     if quant == "current":
         scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     if quant in ("row", "group"):
         spec["scale_ub"] = check_scale_ub(scale_ub)
-    if quant == "group":
+    if quant == "group" and fmt is not None:
+        rule, block, name, _ = fmt
+        spec.update(group_size=check_block_size(x, block, name), group_scale=rule)
+        if rule == "nvfp4":
+            scale = check_tensor_scale(scale, "global_scale", "NVFP4's per-tensor float32 scale (the block "
+                                                              "scales are of y / global_scale)")
+    elif quant == "group":
         spec["group_size"] = check_group_size(group_size, x)
+        if check_bool(power_of_two_scales, "power_of_two_scales"):
+            spec["group_scale"] = "pow2"
     r_dtype = None if residual is None else np.dtype(residual.dtype)
     cfg = _FusedConfig(norm, FusedSpec(**spec), np.dtype(x.dtype), r_dtype, axes or ())
     return _fused(cfg, x, residual, gamma, beta, scale, x_scale)
@@ -281,12 +302,14 @@ def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, bet
 # ---------------------------------------------------------------------------
 # public API: FP8 output
 
-_FP8_DOC = """
+_FP8_ROUNDING_DOC = """
     The FP8 output is ``saturate(v)`` rounded to nearest even: values beyond the
     format's largest finite value (448 for float8_e4m3fn, 57344 for
     float8_e5m2) become that value, NaN stays NaN. ``y`` is the float32
     normalized value before any rounding to ``x``'s dtype.
+"""
 
+_FP8_DOC = """
     With ``residual=`` (``x``'s shape, ``x``'s dtype or float32) the input is
     ``h = x + residual`` (stored in ``h_dtype``: ``x.dtype`` or float32) and
     ``h`` is returned as a third result.
@@ -415,11 +438,20 @@ def layer_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, beta: Option
 @staged
 def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_size: int = 128,
                            scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
-                           zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+                           zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None,
+                           power_of_two_scales: bool = False):
     """RMSNorm with FP8 output and one dynamic scale per group of ``group_size``
     consecutive columns (e.g. 16 or 128; any size dividing the hidden size).
 
     Scales as in :func:`rms_norm_fp8_rowwise`, per group. One pass.
+
+    Args:
+      power_of_two_scales: round each scale up to a power of two (1x128
+        blocks with power-of-two scales, as DeepSeek-V3 trains):
+        ``2 ** ceil(log2(max(min(max|y| / fp8_max, scale_ub), 1e-12)))``, so
+        an all-zero group's scale is ``2 ** -39``; ``q = saturate(y * (1 /
+        scale))`` is then exact before its rounding. NaN stays NaN. CPU only
+        for now (on a GPU it raises NotImplementedError when lowered).
 
     Returns:
       ``(q, group_scales)`` or ``(q, group_scales, h)``: ``group_scales``
@@ -427,7 +459,8 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
       of a row dequantizes as ``q[..., c] * group_scales[..., c // group_size]``.
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub)
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub,
+                power_of_two_scales=power_of_two_scales)
     return _with_h(outs, residual)
 
 
@@ -435,13 +468,118 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
 def layer_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                              group_size: int = 128, scale_ub: Optional[float] = None,
                              out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
-                             residual: Optional[Array] = None, h_dtype=None):
+                             residual: Optional[Array] = None, h_dtype=None, power_of_two_scales: bool = False):
     """LayerNorm with FP8 output and per-group scales: as :func:`rms_norm_fp8_groupwise`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub)
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub,
+                power_of_two_scales=power_of_two_scales)
     return _with_h(outs, residual)
 
 
-for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise, layer_norm_fp8_rowwise, rms_norm_fp8_groupwise,
-           layer_norm_fp8_groupwise):
-    _f.__doc__ += _FP8_DOC
+# ---------------------------------------------------------------------------
+# public API: block-scaled outputs (MXFP8, NVFP4), for jax.nn.scaled_matmul
+
+_BLOCK_DOC = """
+    Scales as ``jax.nn.scaled_dot_general``'s quantizer defines them, so a
+    model quantized by either gets the same codes on finite blocks (computed
+    in IEEE float32 with denormals kept); where that quantizer divides by zero
+    or loses a NaN, this library defines the result: a block holding NaN or an
+    infinity gets a NaN scale and NaN codes (NVFP4's E2M1 has no NaN: its
+    codes are +0 there), so it dequantizes to NaN. ``q`` and ``scales`` have
+    the shapes and dtypes ``jax.nn.scaled_matmul`` takes (with ``x`` of shape
+    ``(batch, rows, hidden)``). CPU only for now: on a GPU the call raises
+    NotImplementedError when it is lowered.
+"""
+
+
+@staged
+def rms_norm_mxfp8(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
+                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+    """RMSNorm with MXFP8 output: FP8 codes in blocks of 32 columns, each with
+    an E8M0 (power-of-two) scale. One pass.
+
+    For each block of 32 consecutive columns of the float32 ``y``:
+    ``e = E8M0(max|y| / fp8_max)`` rounded up to a power of two (the
+    exponent, plus one where the quotient has mantissa bits; E8M0 byte 0,
+    ``2 ** -127``, for an all-zero block), ``q = saturate(y / 2 ** (e -
+    127))`` rounded to nearest even; so ``y ~ q * scale``.
+
+    Args:
+      x: ``(..., hidden)``, float32, bfloat16 or float16; hidden a multiple of 32.
+      gamma: ``(hidden,)``, float32, bfloat16 or float16; None for no scale.
+      out_dtype: ``jnp.float8_e4m3fn`` (default) or ``jnp.float8_e5m2``.
+
+    Returns:
+      ``(q, scales)`` or ``(q, scales, h)``: ``q`` of ``x``'s shape in
+      ``out_dtype``; ``scales`` float8_e8m0fnu of shape ``x.shape[:-1] +
+      (hidden // 32,)``; column ``c`` dequantizes as ``q[..., c] *
+      scales[..., c // 32]``.
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8")
+    return _with_h(outs, residual)
+
+
+@staged
+def layer_norm_mxfp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
+                     out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
+                     residual: Optional[Array] = None, h_dtype=None):
+    """LayerNorm with MXFP8 output: as :func:`rms_norm_mxfp8`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8")
+    return _with_h(outs, residual)
+
+
+@staged
+def rms_norm_nvfp4(x: Array, gamma: Optional[Array] = None, *, global_scale, eps: float = 1e-6,
+                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+    """RMSNorm with NVFP4 output: E2M1 (float4) codes in blocks of 16
+    columns, each with an E4M3 scale, under a given per-tensor float32
+    ``global_scale``. One pass.
+
+    For each block of 16 consecutive columns of ``t = y / global_scale``
+    (float32 ``y``, float32 division): ``scale = E4M3(min(max|t| / 6,
+    448))`` rounded to nearest even, ``q = E2M1(clip(t / scale, -6, 6))``
+    rounded to nearest even; so ``y ~ q * scale * global_scale``. A block
+    whose scale rounds to 0 (all zeros, or ``max|t| <= 6 * 2 ** -10``) gets
+    codes +0.
+
+    ``global_scale`` is given, not computed: a scale from this tensor's own
+    amax (``amax / (6 * 448)``, as current scaling does) would need that amax
+    before any block is quantized, a second pass over ``x``; pass one from a
+    previous step or your own amax.
+
+    Args:
+      x: ``(..., hidden)``, float32, bfloat16 or float16; hidden a multiple of 16.
+      gamma: ``(hidden,)``, float32, bfloat16 or float16; None for no scale.
+      global_scale: float32 scalar: an array, or a Python number, which must
+        be finite and > 0. An array's value is not checked (it is not known
+        at trace time) and is used as it is (a zero or NaN one gives NaN
+        blocks). Under ``vmap`` each example may have its own.
+
+    Returns:
+      ``(q, scales)`` or ``(q, scales, h)``: ``q`` of ``x``'s shape in
+      float4_e2m1fn; ``scales`` float8_e4m3fn of shape ``x.shape[:-1] +
+      (hidden // 16,)``; column ``c`` dequantizes as ``q[..., c] *
+      scales[..., c // 16] * global_scale``.
+    """
+    outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4")
+    return _with_h(outs, residual)
+
+
+@staged
+def layer_norm_nvfp4(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *, global_scale,
+                     eps: float = 1e-5, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
+                     h_dtype=None):
+    """LayerNorm with NVFP4 output: as :func:`rms_norm_nvfp4`."""
+    outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4")
+    return _with_h(outs, residual)
+
+
+for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise,
+           layer_norm_fp8_rowwise, rms_norm_fp8_groupwise, layer_norm_fp8_groupwise):
+    _f.__doc__ += _FP8_ROUNDING_DOC + _FP8_DOC
+for _f in (rms_norm_mxfp8, layer_norm_mxfp8, rms_norm_nvfp4, layer_norm_nvfp4):
+    _f.__doc__ += _BLOCK_DOC + _FP8_DOC

@@ -166,10 +166,23 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
 # "current": shaped like ``scale``, whose values are not read). With ``transpose``
 # (quant "current"): qt, y's bytes transposed per tensor, ``scale.shape + (hidden,
-# rows per tensor)``, written by the same kernels. Absent operands and outputs
+# rows per tensor)``, written by the same kernels. With quant "group" and a
+# block-scaled ``group_scale``, qs holds the E8M0 / E4M3 block scales, and for
+# NVFP4 ``scale`` the per-tensor global scale. Absent operands and outputs
 # are empty placeholders: residual/h of shape (0,), scale/x_scale/qs/qt (0,) float32.
 
 QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
+
+# How quant "group" makes each group's scale (csrc/norm_types.h GroupScale,
+# whose rules csrc/norm_fused.h states): float32 amax / fp8_max; that rounded
+# up to a power of two; MXFP8's E8M0 scale; NVFP4's E4M3 scale under the
+# per-tensor global scale (passed as ``scale``), with E2M1 codes. The
+# block-scaled ones write their scales in the dtype of GROUP_SCALE_DTYPES.
+GROUP_SCALE_CODES = {"float32": 0, "pow2": 1, "e8m0": 2, "nvfp4": 3}
+GROUP_SCALE_DTYPES = {"e8m0": np.dtype(jnp.float8_e8m0fnu), "nvfp4": np.dtype(jnp.float8_e4m3fn)}
+# The public functions of each group scale without CUDA kernels yet.
+_NO_CUDA_KERNELS = {"pow2": "{kind}_norm_fp8_groupwise(power_of_two_scales=True)", "e8m0": "{kind}_norm_mxfp8",
+                    "nvfp4": "{kind}_norm_nvfp4"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +195,18 @@ class FusedSpec:
     group_size: int = 0  # quant "group"
     scale_ub: float = math.inf  # quant "row"/"group"
     transpose: bool = False  # quant "current": also the transposed copy qt
+    group_scale: str = "float32"  # quant "group": a key of GROUP_SCALE_CODES
+
+    @property
+    def scale_dtype(self):
+        """The dtype of the per-row or per-group scales."""
+        return GROUP_SCALE_DTYPES.get(self.group_scale, np.dtype(np.float32))
+
+    @property
+    def global_scale(self):
+        """Whether ``scale`` holds a per-tensor scale the kernel reads: quant
+        "tensor"'s, or NVFP4's global scale."""
+        return self.quant == "tensor" or self.group_scale == "nvfp4"
 
 
 def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_centered_gamma, has_gamma,
@@ -249,7 +274,7 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
         outs.append(stat)
     elif fused.quant == "group":
         outs.append(_like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,),
-                          dtype=np.float32, rows=x.ndim - 1))
+                          dtype=fused.scale_dtype, rows=x.ndim - 1))
     else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
     if fused.transpose:  # a tensor's rows per scale
@@ -272,7 +297,8 @@ def _fwd_local(st, x, *rest):
         outs = _fwd_fused_abstract(*avals, kind=st.kind, fused=fused)
         attrs.update(has_residual=fused.residual, quant=np.int32(QUANT_CODES[fused.quant]),
                      group_size=np.int64(fused.group_size), scale_ub=np.float32(fused.scale_ub),
-                     x_group_size=np.int64(fused.x_group_size))
+                     x_group_size=np.int64(fused.x_group_size),
+                     group_scale=np.int32(GROUP_SCALE_CODES[fused.group_scale]))
         target = "jrn_rms_norm_fwd_fused" if st.kind == RMS else "jrn_layer_norm_fwd_fused"
         return _call(target, [(o.shape, o.dtype) for o in outs], x, *rest, eps=np.float32(st.eps), **attrs)
     if st.given_stats:
@@ -379,14 +405,16 @@ def _apply_fp8(st, x, params, stats, scale, quant, *, inverted=False, measure=Fa
     quant "group": ``q`` and the scales of the slice's groups."""
     fused = st.fused
     qs = (scale.shape, np.float32) if quant == "tensor" else (
-        x.shape[:-1] + (x.shape[-1] // fused.group_size,), np.float32)
+        x.shape[:-1] + (x.shape[-1] // fused.group_size,), fused.scale_dtype)
     attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta
     target = "jrn_rms_norm_apply_fp8" if st.kind == RMS else "jrn_layer_norm_apply_fp8"
     return _call(target, [((0,) if measure else x.shape, fused.out_dtype), qs], x, *params, *stats, scale,
                  quant=np.int32(QUANT_CODES[quant]), group_size=np.int64(fused.group_size),
-                 scale_ub=np.float32(fused.scale_ub), inverted=inverted, measure=measure, **attrs)
+                 scale_ub=np.float32(fused.scale_ub), inverted=inverted, measure=measure,
+                 group_scale=np.int32(GROUP_SCALE_CODES[fused.group_scale if quant == "group" else "float32"]),
+                 **attrs)
 
 
 def _fwd_quant_sharded(st, axes, hidden, x, *rest):
@@ -438,7 +466,7 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
         residual = batching.bdim_at_front(residual, br, size)
     if fused.x_group_size:
         x_scale = batching.bdim_at_front(x_scale, bxs, size)
-    if fused.quant in ("tensor", "current"):
+    if fused.quant == "current" or fused.global_scale:
         scale = batching.bdim_at_front(scale, bs, size)
     if any(b is not None for b in bps):
         present = [has_gamma, has_beta][:n_params]
@@ -717,7 +745,7 @@ def _layout(st, mesh, arg_infos, result_infos):
         if not hidden_splittable(fused, first.shape[-1] // n_hidden):
             hidden = None
         scale = arg_infos[-2]
-        if fused.quant == "current" or (fused.quant == "tensor" and scale.shape):
+        if fused.quant == "current" or (fused.global_scale and scale.shape):
             rows = (None,) * len(rows)
 
     def spec_for(role, info_shape):
@@ -846,13 +874,26 @@ def _register(prim, family, abstract, batch):
             return mlir.lower_fun(partial(partitioned, st), multiple_results=True)(ctx, *args)
         return rule
 
+    def cuda_rule(ctx, *args, **params):
+        _check_cuda_kernels(params)
+        return (lowering("cuda") if _ffi.cuda_built() else _no_cuda_lowering)(ctx, *args, **params)
+
     compiled_impl(prim)
     require_devices_during_lowering(prim)  # custom_partitioning needs the devices while lowering
     prim.def_abstract_eval(abstract)
     batching.primitive_batchers[prim] = batch
     mlir.register_lowering(prim, lowering("cpu"), platform="cpu")
-    mlir.register_lowering(prim, lowering("cuda") if _ffi.cuda_built() else _no_cuda_lowering,
-                           platform="cuda")
+    mlir.register_lowering(prim, cuda_rule, platform="cuda")
+
+
+def _check_cuda_kernels(params):
+    """Refuses, when lowering for a GPU, what has no CUDA kernels yet: the
+    block-scaled and power-of-two group scales (CPU only for now)."""
+    fused = params.get("fused")
+    if fused is not None and fused.group_scale in _NO_CUDA_KERNELS:
+        name = _NO_CUDA_KERNELS[fused.group_scale].format(kind="rms" if params["kind"] == RMS else "layer")
+        raise NotImplementedError(f"jax_rmsnorm.{name} has no CUDA kernel yet: it runs on the CPU only "
+                                  "(put its inputs on a CPU device, or jit it for the CPU)")
 
 
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)

@@ -263,23 +263,47 @@ def quantize_blocks(y, mode, code_dtype, block, global_scale=None):
     """Codes and scales of float32 ``y`` quantized in blocks of ``block``
     along its last axis: ``mode`` "mxfp8" (E8M0 scales, uint8 exponents
     here) or "nvfp4" (E4M3 scales of the values divided by the float32
-    ``global_scale``). Finite inputs only: what NaN does is this library's;
-    so are NVFP4 blocks whose scale rounds to zero (divided by zero here, as
-    jax.nn's quantizer does)."""
+    ``global_scale``), as jax.nn's quantizer makes them from finite blocks.
+    Where that quantizer divides by zero or loses a NaN, the library's
+    definitions (csrc/norm_fused.h): a block holding NaN or an infinity (of
+    ``y``, or of ``y / global_scale``) gets a NaN scale (E8M0 0xff, E4M3 NaN)
+    and NaN codes (E2M1, which has no NaN: +0); an NVFP4 block whose scale
+    rounds to 0 gets codes +0."""
     import ml_dtypes
     y = np.asarray(y, np.float32)
     blocks = y.reshape(y.shape[:-1] + (y.shape[-1] // block, block))
     top = np.float32(float(ml_dtypes.finfo(code_dtype).max))
-    if mode == "mxfp8":
-        scales = e8m0_round_up(np.max(np.abs(blocks), -1, keepdims=True) / top)
-        scaled = blocks / e8m0_value(scales)
-    elif mode == "nvfp4":
-        blocks = blocks / np.float32(global_scale)
-        e4m3_max = np.float32(float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max))
-        scales = np.clip(np.max(np.abs(blocks), -1, keepdims=True) / top, 0, e4m3_max).astype(ml_dtypes.float8_e4m3fn)
-        with np.errstate(divide="ignore", invalid="ignore"):  # a block whose scale rounds to 0: as jax.nn's
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # the blocks redefined below
+        if mode == "mxfp8":
+            scales = e8m0_round_up(np.max(np.abs(blocks), -1, keepdims=True) / top)
+            scaled = blocks / e8m0_value(scales)
+        elif mode == "nvfp4":
+            blocks = blocks / np.float32(global_scale)
+            e4m3_max = np.float32(float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max))
+            scales = np.clip(np.max(np.abs(blocks), -1, keepdims=True) / top, 0, e4m3_max).astype(
+                ml_dtypes.float8_e4m3fn)
             scaled = blocks / scales.astype(np.float32)
+        else:
+            raise ValueError(f"mode must be 'mxfp8' or 'nvfp4', got {mode!r}")
+        codes = np.clip(scaled, -top, top).astype(code_dtype)
+    bad = ~np.isfinite(blocks).all(-1, keepdims=True)
+    if mode == "mxfp8":
+        scales = np.where(bad, np.uint8(0xFF), scales)
+        codes = np.where(bad, np.array(np.nan, code_dtype), codes)
     else:
-        raise ValueError(f"mode must be 'mxfp8' or 'nvfp4', got {mode!r}")
-    codes = np.clip(scaled, -top, top).astype(code_dtype).reshape(y.shape)
-    return codes, scales[..., 0]
+        scales = np.where(bad, np.array(np.nan, ml_dtypes.float8_e4m3fn), scales)
+        codes = np.where(bad | (scales.astype(np.float32) == 0), np.zeros((), code_dtype), codes)
+    return codes.reshape(y.shape), scales[..., 0]
+
+
+def pow2_group_scales(y, fmt, group, ub=np.inf):
+    """Per-group FP8 scales of float32 ``y`` rounded up to powers of two
+    (power_of_two_scales): ref_scales of each group's max |y| in float32, its
+    exponent plus one where mantissa bits are set; NaN stays NaN."""
+    y = np.asarray(y, np.float32)
+    amax = np.max(np.abs(y.reshape(y.shape[:-1] + (-1, group))), -1)
+    s = np.maximum(np.minimum(amax / np.float32(FP8_MAX[np.dtype(fmt)]), np.float32(ub)),
+                   np.float32(MIN_SCALE)).astype(np.float32)
+    bits = s.view(np.uint32)
+    up = ((bits & 0x7FFFFF) != 0) & ((bits & 0x7F800000) != 0x7F800000)
+    return np.where(up, (bits & 0xFF800000) + 0x800000, bits).astype(np.uint32).view(np.float32)

@@ -53,8 +53,13 @@ def test_nvfp4_matches_jax(global_scale):
     g = jnp.float32(global_scale)
     q, s = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=np.float32(global_scale))
     jq, js = _jax(y, "nvfp4", jnp.float4_e2m1fn, 16, g)
-    np.testing.assert_array_equal(np.asarray(q, np.float32), np.asarray(jq, np.float32))
     np.testing.assert_array_equal(_bits(s), _bits(js))
+    # Blocks whose scale rounds to 0 jax.nn's quantizer divides by zero; the
+    # library (and so the reference) gives them codes +0. Elsewhere the same.
+    zero = np.repeat(np.asarray(s, np.float32) == 0, 16, axis=-1)
+    assert zero.any() and (~zero).any()
+    np.testing.assert_array_equal(np.asarray(q, np.float32)[~zero], np.asarray(jq, np.float32)[~zero])
+    assert (_bits(q)[zero] == 0).all()
     assert s.shape == (6, 16)
 
 

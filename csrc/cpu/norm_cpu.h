@@ -93,30 +93,42 @@ template <> inline f16_t from_float<f16_t>(float f) {
   return f16_t{static_cast<uint16_t>(sign | code)};
 }
 
-// float -> FP8 (float8_e4m3fn or float8_e5m2), saturating at the format's
-// largest finite value, round to nearest even; NaN stays NaN. No branches,
-// so that the loops over a row vectorize: the saturation is a min
-// of the magnitudes' bits (infinity's are above the largest finite value's);
-// a normal result drops mantissa bits with a carry that rounds ties to even;
-// a subnormal one is the magnitude in steps of the smallest subnormal,
-// rounded to an integer by adding and taking off 2^23 (exact, and ties to
-// even in the default rounding mode). Every float32 input gives the bits the
-// branching version (nearbyint for subnormals) gave, for both formats.
+// float -> a small float format (FP8, or E2M1 for NVFP4's codes) of kMan
+// mantissa bits, exponent bias kBias and kBits bits, saturating at its largest
+// finite value (float32 bits `max_bits`), round to nearest even; NaN gives
+// `nan_code`. No branches, so that the loops over a row vectorize: the
+// saturation is a min of the magnitudes' bits (infinity's are above the
+// largest finite value's); a normal result drops mantissa bits with a carry
+// that rounds ties to even; a subnormal one is the magnitude in steps of the
+// smallest subnormal, rounded to an integer by adding and taking off 2^23
+// (exact, and ties to even in the default rounding mode). Every float32 input
+// gives the bits the branching version (nearbyint for subnormals) gave, for
+// both FP8 formats.
+template <int kMan, int kBias, int kBits>
+inline uint8_t to_small_float(float v, uint32_t max_bits, uint32_t nan_code) {
+  constexpr int shift = 23 - kMan;
+  constexpr uint32_t min_normal_bits = static_cast<uint32_t>(127 - kBias + 1) << 23;
+  const float subnormal_steps = bits_float(static_cast<uint32_t>(127 + kBias - 1 + kMan) << 23);  // 1 / the smallest subnormal
+  const uint32_t u = float_bits(v), sign = (u >> 31) << (kBits - 1), abs_bits = u & 0x7fffffffu;
+  const uint32_t a = std::min(abs_bits, max_bits);
+  const uint32_t normal =
+      ((a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift) - (static_cast<uint32_t>(127 - kBias) << kMan);
+  const uint32_t subnormal = float_bits(bits_float(a) * subnormal_steps + 0x1p23f) - float_bits(0x1p23f);
+  const uint32_t finite = pick(a < min_normal_bits, subnormal, normal);
+  const uint32_t code = pick(abs_bits > 0x7f800000u, nan_code, finite);
+  return static_cast<uint8_t>(sign | code);
+}
+
+// float -> FP8 (float8_e4m3fn or float8_e5m2), as to_small_float.
 template <Fp8 F>
 inline uint8_t to_fp8(float v) {
   constexpr bool e4m3 = F == Fp8::kE4M3;
-  constexpr int man_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, shift = 23 - man_bits;
-  constexpr uint32_t min_normal_bits = static_cast<uint32_t>(127 - bias + 1) << 23;
-  constexpr float subnormal_steps = e4m3 ? 0x1p9f : 0x1p16f;  // 1 / the smallest subnormal
-  const uint32_t u = float_bits(v), sign = (u >> 24) & 0x80u, abs_bits = u & 0x7fffffffu;
-  const uint32_t a = std::min(abs_bits, float_bits(fp8_max(F)));
-  const uint32_t normal =
-      ((a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift) - (static_cast<uint32_t>(127 - bias) << man_bits);
-  const uint32_t subnormal = float_bits(bits_float(a) * subnormal_steps + 0x1p23f) - float_bits(0x1p23f);
-  const uint32_t finite = pick(a < min_normal_bits, subnormal, normal);
-  const uint32_t code = pick(abs_bits > 0x7f800000u, e4m3 ? 0x7fu : 0x7eu, finite);
-  return static_cast<uint8_t>(sign | code);
+  return to_small_float<e4m3 ? 3 : 2, e4m3 ? 7 : 15, 8>(v, float_bits(fp8_max(F)), fp8_nan_code(F));
 }
+
+// float -> float4_e2m1fn (NVFP4's codes, one a byte: sign in bit 3),
+// saturating at 6. The format has no NaN: callers give it none.
+inline uint8_t to_fp4(float v) { return to_small_float<1, 1, 4>(v, float_bits(kFp4Max), 0u); }
 
 // q[i] = to_fp8(v[i] * mul) for i in [0, n).
 template <Fp8 F>
@@ -150,6 +162,71 @@ inline float from_fp8(uint8_t b, Fp8 fmt) {
   if (!e4m3 && e == 31) return sign * std::numeric_limits<float>::infinity();
   if (e == 0) return sign * std::ldexp(static_cast<float>(m), 1 - bias - man_bits);  // subnormal
   return sign * std::ldexp(static_cast<float>(m + (1 << man_bits)), e - bias - man_bits);
+}
+
+// ---- Block-scaled outputs (GroupScale::kE8M0, kNvfp4; norm_fused.h has
+// the rules), in IEEE float32 arithmetic with denormals kept: XLA's CPU
+// threads flush denormal results to zero and read denormal operands as
+// zero, so every quotient whose float32 result or operand may be subnormal
+// is taken in double from the operands' exact values and rounded to float32
+// once (a quotient of two floats rounded to double and then to float is the
+// correctly rounded float quotient).
+
+// The exact value of float32 bits, denormals included.
+inline double f32_exact(uint32_t bits) {
+  const uint32_t a = bits & 0x7fffffffu;
+  const double m = a < 0x00800000u ? static_cast<double>(a) * 0x1p-149 : static_cast<double>(bits_float(a));
+  return bits >> 31 ? -m : m;
+}
+
+// d rounded to float32 (to nearest even), as bits, subnormals included.
+inline uint32_t f32_rounded(double d) {
+  const uint32_t sign = std::signbit(d) ? 0x80000000u : 0u;
+  const double m = std::fabs(d);
+  if (m < 0x1p-126) return sign | static_cast<uint32_t>(std::nearbyint(m * 0x1p149));  // exact product
+  return sign | float_bits(static_cast<float>(m));
+}
+
+// The float32 quotient (bits) of float32 bits `a` by the exact value `b`.
+inline uint32_t f32_div(uint32_t a, double b) { return f32_rounded(f32_exact(a) / b); }
+
+// MXFP8: one block of n values of y into FP8 codes `q` and its E8M0 scale.
+inline void quantize_mxfp8(const float* y, int64_t n, Fp8 fmt, uint8_t* q, uint8_t* scale) {
+  const uint32_t amax = float_bits(abs_max(y, n));
+  if (amax >= 0x7f800000u) {  // NaN or an infinity
+    *scale = kE8M0Nan;
+    std::memset(q, static_cast<int>(fp8_nan_code(fmt)), static_cast<size_t>(n));
+    return;
+  }
+  const uint8_t e = e8m0_round_up(f32_div(amax, fp8_max(fmt)));
+  *scale = e;
+  const double inv = std::ldexp(1.0, 127 - e);  // y / 2^(e - 127), exact before the rounding to float32
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bits_float(f32_rounded(f32_exact(float_bits(y[i])) * inv));
+    q[i] = fmt == Fp8::kE4M3 ? to_fp8<Fp8::kE4M3>(v) : to_fp8<Fp8::kE5M2>(v);
+  }
+}
+
+// NVFP4: one block of n (even) values of y, divided by the exact global
+// scale g, into E2M1 codes and its E4M3 scale. XLA stores float4 arrays two
+// codes a byte, the first in the low 4 bits: `q` gets n / 2 bytes.
+inline void quantize_nvfp4(const float* y, int64_t n, double g, uint8_t* q, uint8_t* scale) {
+  uint32_t amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, f32_div(float_bits(y[i]), g) & 0x7fffffffu);
+  if (amax >= 0x7f800000u) {  // NaN or an infinity
+    *scale = kE4M3Nan;
+    std::memset(q, 0, static_cast<size_t>(n / 2));
+    return;
+  }
+  // min(amax / 6, 448) rounded to E4M3: to_fp8 saturates at 448 (a float32
+  // subnormal quotient, which it may read as zero, rounds to 0 either way).
+  const uint8_t s = to_fp8<Fp8::kE4M3>(bits_float(f32_div(amax, kFp4Max)));
+  *scale = s;
+  const double sv = from_fp8(s, Fp8::kE4M3);
+  auto code = [&](int64_t i) -> uint8_t {
+    return s == 0 ? 0 : to_fp4(bits_float(f32_div(f32_div(float_bits(y[i]), g), sv)));
+  };
+  for (int64_t i = 0; i < n; i += 2) q[i / 2] = static_cast<uint8_t>(code(i) | (code(i + 1) << 4));
 }
 
 // max that keeps a NaN of either side.
@@ -554,7 +631,8 @@ struct CpuKernels {
         const float m = abs_max(out.data() + c0, n);
         float mul = given_mul;
         if (scale_out) {
-          const float s = quant_scale(m, a.fp8, a.scale_ub);
+          float s = quant_scale(m, a.fp8, a.scale_ub);
+          if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
           *scale_out = s;
           mul = 1.f / s;
         }
@@ -573,6 +651,16 @@ struct CpuKernels {
         }
       } else if (a.quant == Quant::kRow) {
         quantize(0, H, a.qscale + r, 0.f);
+      } else if (a.block_scales) {  // MXFP8 / NVFP4
+        const int64_t G = a.group_size, per_row = H / G;
+        uint8_t* bs = a.block_scales + r * per_row;
+        if (a.group_scale == GroupScale::kE8M0) {
+          for (int64_t c = 0; c < per_row; ++c) quantize_mxfp8(out.data() + c * G, G, a.fp8, q + c * G, bs + c);
+        } else {
+          const double g = f32_exact(float_bits(a.scale[a.tensor_of(r)]));
+          uint8_t* q4 = static_cast<uint8_t*>(a.y) + r * H / 2;  // two codes a byte (H is even)
+          for (int64_t c = 0; c < per_row; ++c) quantize_nvfp4(out.data() + c * G, G, g, q4 + c * G / 2, bs + c);
+        }
       } else {
         const int64_t G = a.group_size, per_row = H / G;
         for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
@@ -722,6 +810,7 @@ struct CpuKernels {
 // their share.
 namespace jrn::cpu {
 struct CpuBackend {
+  static constexpr bool kGroupScales = true;  // every GroupScale (norm_fused.h)
   using Bf16 = bf16_t;
   using F16 = f16_t;
   template <NormKind K, class T, class P>

@@ -1,0 +1,438 @@
+"""Block-scaled outputs (rms_norm_mxfp8 / layer_norm_mxfp8, rms_norm_nvfp4 /
+layer_norm_nvfp4) and the per-group FP8 output's power-of-two scales, on the
+CPU (no CUDA kernels yet: a GPU lowering is refused).
+
+Codes and scales are checked bit for bit against the NumPy reference
+quantizer (reference.quantize_blocks, itself bit-exact against jax.nn's) run
+on the kernel's own float32 y, which the plain norm of the float32-cast
+inputs gives bit for bit on the CPU; that y is checked against float64, and
+the dequantized output against the float64 norm within the format's error.
+"""
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+
+import jax_rmsnorm as jrn
+from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, pow2_group_scales, quantize_blocks, random,
+                       ref_add, ref_forward)
+
+E4M3, E5M2, E2M1 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
+EPS = {"rms": 1e-6, "layer": 1e-5}
+KINDS = ["rms", "layer"]
+dname = lambda d: np.dtype(d).name
+CPU = jax.devices("cpu")[0]
+
+
+def _bits(a):
+    """The codes' bits (uint8), from an FP8, float4 or E8M0 array."""
+    a = np.asarray(a)
+    return a.view(np.uint8)
+
+
+def _params(kind, hidden, dtype, key, spread=0):
+    """gamma (and LayerNorm's beta); with ``spread``, gamma times a power of
+    two from 2**-spread to 2**spread for each 16 columns, so that the blocks'
+    scales differ (y's rows are normalized: x's magnitudes do not show)."""
+    gamma = random(key + 1, (hidden,), jnp.float32, scale=0.5, offset=1.0)
+    if spread:
+        k = jnp.round(random(key + 4, (hidden // 16, 1), jnp.float32, scale=spread / 2))
+        gamma = (gamma.reshape(-1, 16) * jnp.exp2(jnp.clip(k, -spread, spread))).reshape(hidden)
+    gamma = gamma.astype(dtype)
+    beta = random(key + 2, (hidden,), dtype, scale=0.3) if kind == "layer" else None
+    return gamma, beta
+
+
+def _mxfp8(kind, x, gamma, beta, **kw):
+    return (jrn.rms_norm_mxfp8(x, gamma, **kw) if kind == "rms" else jrn.layer_norm_mxfp8(x, gamma, beta, **kw))
+
+
+def _nvfp4(kind, x, gamma, beta, **kw):
+    return (jrn.rms_norm_nvfp4(x, gamma, **kw) if kind == "rms" else jrn.layer_norm_nvfp4(x, gamma, beta, **kw))
+
+
+def _kernel_y(kind, x, gamma, beta):
+    """The float32 y the quantizing kernel computes, from the plain norm of
+    the inputs cast to float32 (exact casts, the same CPU kernel), checked
+    against float64."""
+    f32 = lambda a: None if a is None else jnp.asarray(a, jnp.float32)
+    if kind == "rms":
+        y = jrn.rms_norm(f32(x), f32(gamma), eps=EPS[kind])
+    else:
+        y = jrn.layer_norm(f32(x), f32(gamma), f32(beta), eps=EPS[kind])
+    y = np.asarray(y)
+    want, _, _ = ref_forward(kind, x, gamma, beta, EPS[kind])
+    assert_close(y, want, jnp.float32, f"{kind} float32 y")
+    return y, want
+
+
+def _dequantized(q, scales, block, global_scale=1.0):
+    q = np.asarray(q).astype(np.float32).astype(np.float64)
+    s = np.repeat(np.asarray(scales).astype(np.float32).astype(np.float64), block, axis=-1)
+    return q * s * global_scale
+
+
+SHAPES = [(3, 5, 64), (7, 256), (2, 1024)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("out_dtype", [E4M3, E5M2], ids=dname)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_mxfp8_bit_exact(kind, dtype, out_dtype, shape):
+    key = case_key(("mxfp8", kind, dname(dtype), dname(out_dtype), shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    gamma, beta = _params(kind, shape[-1], dtype, key, spread=12)
+    q, s = _mxfp8(kind, x, gamma, beta, out_dtype=out_dtype)
+    assert q.dtype == np.dtype(out_dtype) and q.shape == x.shape
+    assert s.dtype == np.dtype(jnp.float8_e8m0fnu) and s.shape == x.shape[:-1] + (shape[-1] // 32,)
+    y, y64 = _kernel_y(kind, x, gamma, beta)
+    rq, rs = quantize_blocks(y, "mxfp8", out_dtype, 32)
+    np.testing.assert_array_equal(_bits(s), rs)
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    assert len(np.unique(rs)) > 1  # scales differ: gamma's blocks spread over binades
+    # within the format's error of the float64 norm: half a step relative,
+    # half the smallest subnormal times the scale, and float32's error in y
+    fmt = np.dtype(out_dtype)
+    scale = np.repeat(np.asarray(s).astype(np.float32).astype(np.float64), 32, axis=-1)
+    sub = {np.dtype(E4M3): 2.0 ** -9, np.dtype(E5M2): 2.0 ** -16}[fmt]
+    bound = (2.0 ** -4 if fmt == np.dtype(E4M3) else 2.0 ** -3) * np.abs(y64) + sub / 2 * scale + 1e-5 * np.abs(y64)
+    assert (np.abs(_dequantized(q, s, 32) - y64) <= bound + 1e-300).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(4, 48)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+def test_nvfp4_bit_exact(kind, dtype, shape):
+    # hidden 48: a multiple of 16 (NVFP4's block) but not of 32
+    key = case_key(("nvfp4", kind, dname(dtype), shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    gamma, beta = _params(kind, shape[-1], dtype, key, spread=6)
+    y, y64 = _kernel_y(kind, x, gamma, beta)
+    # the usual global scale (amax / (6 * 448)), and one that makes some
+    # blocks' scales saturate at 448 and others round to small E4M3 subnormals
+    for g in (np.float32(np.abs(y64).max() / (6 * 448)), np.float32(3e-4)):
+        q, s = _nvfp4(kind, x, gamma, beta, global_scale=jnp.float32(g))
+        assert q.dtype == np.dtype(E2M1) and q.shape == x.shape
+        assert s.dtype == np.dtype(E4M3) and s.shape == x.shape[:-1] + (shape[-1] // 16,)
+        rq, rs = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=g)
+        np.testing.assert_array_equal(_bits(s), _bits(rs))
+        np.testing.assert_array_equal(_bits(q), _bits(rq))
+        assert len(np.unique(_bits(q))) > 8
+        # the format's error: a quarter of |y| (one mantissa bit), half a
+        # scale's worth near zero and where the E4M3 scale rounded down (codes
+        # saturate at 6), and the saturated blocks' excess over 448 scales
+        sv = np.repeat(np.asarray(s).astype(np.float32).astype(np.float64), 16, axis=-1) * g
+        deq = _dequantized(q, s, 16, np.float64(g))
+        over = np.maximum(np.abs(y64) - 6 * 448 * np.float64(g), 0)
+        bound = 0.25 * np.abs(y64) + 0.5 * sv + over + 1e-5 * np.abs(y64)
+        assert (np.abs(deq - y64) <= bound).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_jax_quantizer(kind):
+    # The library's codes and scales are those jax.nn's quantizer
+    # (scaled_dot_general's) makes of the same float32 y.
+    sm = pytest.importorskip("jax._src.cudnn.scaled_matmul_stablehlo")
+    x = random(case_key(("jaxq", kind)), (2, 16, 128), jnp.bfloat16, scale=2.0)
+    gamma, beta = _params(kind, 128, jnp.bfloat16, 5)
+    y, _ = _kernel_y(kind, x, gamma, beta)
+    g = jnp.float32(2e-3)
+    for mode, block, codes, stype, kw in (("mxfp8", 32, E4M3, jnp.float8_e8m0fnu, {}),
+                                          ("nvfp4", 16, E2M1, E4M3, dict(global_scale=g))):
+        cfg = sm.BlockScaleConfig(mode=mode, block_size=block, data_type=codes, scale_type=stype,
+                                  global_scale=g if mode == "nvfp4" else None, infer_only=False)
+        jq, js = jax.jit(lambda y: sm.quantize(y, cfg))(jnp.asarray(y))
+        q, s = (_mxfp8 if mode == "mxfp8" else _nvfp4)(kind, x, gamma, beta, **kw)
+        np.testing.assert_array_equal(_bits(q), _bits(jq))
+        np.testing.assert_array_equal(_bits(s), _bits(js))
+
+
+def test_nan_inf_zero_and_tiny_blocks():
+    # gamma picks the blocks: column 3 NaN, 40 infinite (every row's y there
+    # is +-inf), 64..95 zero (an all-zero MXFP8 block, two NVFP4 blocks),
+    # 96..111 tiny (an NVFP4 scale that rounds to 0).
+    x = random(7, (4, 128), jnp.float32, offset=0.5)
+    gamma = np.ones(128, np.float32)
+    gamma[3], gamma[40], gamma[64:96], gamma[96:112] = np.nan, np.inf, 0.0, 1e-30
+    gamma = jnp.asarray(gamma)
+    y = np.asarray(jrn.rms_norm(x, gamma))
+    q, s = jrn.rms_norm_mxfp8(x, gamma)
+    rq, rs = quantize_blocks(y, "mxfp8", E4M3, 32)
+    np.testing.assert_array_equal(_bits(s), rs)
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    sb, qb = _bits(s), _bits(q)
+    assert (sb[:, 0] == 0xFF).all() and (sb[:, 1] == 0xFF).all()  # NaN, infinity: the E8M0 NaN
+    assert (qb[:, :64] == 0x7F).all()  # and NaN codes
+    assert (sb[:, 2] == 0).all() and (qb[:, 64:96] & 0x7F == 0).all()  # all zero: 2**-127, (signed) zeros
+    assert np.isnan(np.asarray(s, np.float32)[:, :2]).all()
+
+    q, s = jrn.rms_norm_nvfp4(x, gamma, global_scale=0.01)
+    rq, rs = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=np.float32(0.01))
+    np.testing.assert_array_equal(_bits(s), _bits(rs))
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    sv, qb = np.asarray(s, np.float32), _bits(q)
+    assert np.isnan(sv[:, [0, 2]]).all() and (qb[:, 0:16] == 0).all() and (qb[:, 32:48] == 0).all()
+    assert (sv[:, 4:7] == 0).all() and (qb[:, 64:112] == 0).all()  # zero and tiny blocks: scale 0, codes +0
+    assert np.isfinite(sv[:, [1, 3, 7]]).all() and (sv[:, [1, 3, 7]] > 0).all()
+
+
+@pytest.mark.parametrize("group, fmt, ub", [(128, E4M3, None), (16, E5M2, None), (32, E4M3, 1e-3)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_power_of_two_scales(kind, group, fmt, ub):
+    shape = (6, 256)
+    key = case_key(("pow2", kind, group))
+    x = random(key, shape, jnp.bfloat16, scale=2.0)
+    gamma, beta = _params(kind, 256, jnp.bfloat16, key)
+    gamma = gamma.at[:group].set(0)  # an all-zero group: the floor's power of two
+    kw = dict(group_size=group, out_dtype=fmt, scale_ub=ub, power_of_two_scales=True)
+    q, s = (jrn.rms_norm_fp8_groupwise(x, gamma, **kw) if kind == "rms"
+            else jrn.layer_norm_fp8_groupwise(x, gamma, beta, **kw))
+    y, y64 = _kernel_y(kind, x, gamma, beta)
+    want = pow2_group_scales(y, fmt, group, np.inf if ub is None else ub)
+    np.testing.assert_array_equal(np.asarray(s).view(np.uint32), want.view(np.uint32))
+    assert np.all(np.log2(np.asarray(s)) == np.round(np.log2(np.asarray(s))))  # powers of two
+    if kind == "rms":
+        assert (np.asarray(s)[:, 0] == 2.0 ** -39).all()  # pow2 ceil of the 1e-12 floor
+    top = np.float32(FP8_MAX[np.dtype(fmt)])
+    mul = np.repeat(np.float32(1) / want, group, axis=-1)
+    rq = np.clip(y * mul, -top, top).astype(fmt)  # exact product: 1 / scale is a power of two
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    if ub is None:  # not clamped: within the format's error, never saturated
+        deq = np.asarray(q).astype(np.float64) * np.repeat(want.astype(np.float64), group, axis=-1)
+        assert (np.abs(deq - y64) <= 2.0 ** -3 * np.abs(y64) + 2.0 ** -16 * np.abs(deq).max() + 1e-5).all()
+    # the float32 scales of the same call without rounding differ: the option is read
+    _, s_plain = (jrn.rms_norm_fp8_groupwise(x, gamma, group_size=group, out_dtype=fmt, scale_ub=ub)
+                  if kind == "rms" else
+                  jrn.layer_norm_fp8_groupwise(x, gamma, beta, group_size=group, out_dtype=fmt, scale_ub=ub))
+    assert not np.array_equal(np.asarray(s_plain), np.asarray(s))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_residual(kind, fmt):
+    shape = (5, 96 if fmt == "nvfp4" else 128)
+    key = case_key(("blk_res", kind, fmt))
+    x = random(key, shape, jnp.bfloat16)
+    r = random(key + 5, shape, jnp.float32)
+    gamma, beta = _params(kind, shape[-1], jnp.bfloat16, key)
+    run = _mxfp8 if fmt == "mxfp8" else _nvfp4
+    kw = {} if fmt == "mxfp8" else dict(global_scale=1e-3)
+    q, s, h = run(kind, x, gamma, beta, residual=r, h_dtype=jnp.float32, **kw)
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(ref_add(x, r, jnp.float32)))
+    q2, s2 = run(kind, h, gamma, beta, **kw)
+    np.testing.assert_array_equal(_bits(q), _bits(q2))
+    np.testing.assert_array_equal(_bits(s), _bits(s2))
+
+
+def test_shapes_fit_scaled_matmul():
+    # (batch, rows, hidden) outputs are the operands jax.nn.scaled_matmul takes.
+    a = random(1, (2, 8, 64), jnp.bfloat16)
+    b = random(2, (2, 16, 64), jnp.bfloat16)
+    for run, kw in ((jrn.rms_norm_mxfp8, {}), (jrn.rms_norm_mxfp8, dict(out_dtype=E5M2)),
+                    (jrn.rms_norm_nvfp4, dict(global_scale=1.0))):
+        (qa, sa), (qb, sb) = run(a, **kw), run(b, **kw)
+        out = jax.eval_shape(jax.nn.scaled_matmul, qa, qb, sa, sb)
+        assert out.shape == (2, 8, 16)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_dequantized_matmul(fmt):
+    # The matmul of the dequantized outputs is that of the float32 norm
+    # outputs within the bound the two operands' quantization errors give.
+    a = random(3, (32, 256), jnp.float32, scale=2.0, offset=0.1)
+    b = random(4, (48, 256), jnp.float32)
+    ga = random(5, (256,), jnp.float32, offset=1.0)
+    ya, yb = np.asarray(jrn.rms_norm(a, ga), np.float64), np.asarray(jrn.rms_norm(b), np.float64)
+    if fmt == "mxfp8":
+        (qa, sa), (qb, sb) = jrn.rms_norm_mxfp8(a, ga), jrn.rms_norm_mxfp8(b)
+        da, db = _dequantized(qa, sa, 32), _dequantized(qb, sb, 32)
+        rel, sub_a, sub_b = 2.0 ** -4, 2.0 ** -10 * np.repeat(f64(sa), 32, -1), 2.0 ** -10 * np.repeat(f64(sb), 32, -1)
+    else:
+        # each tensor's global scale from its amax, as NVFP4 recipes take it
+        g, h = (float(np.float32(np.abs(v).max() / (6 * 448))) for v in (ya, yb))
+        (qa, sa), (qb, sb) = jrn.rms_norm_nvfp4(a, ga, global_scale=g), jrn.rms_norm_nvfp4(b, global_scale=h)
+        da, db = _dequantized(qa, sa, 16, g), _dequantized(qb, sb, 16, h)
+        rel, sub_a, sub_b = 0.25, 0.5 * g * np.repeat(f64(sa), 16, -1), 0.5 * h * np.repeat(f64(sb), 16, -1)
+    ea = rel * np.abs(ya) + sub_a + 1e-6
+    eb = rel * np.abs(yb) + sub_b + 1e-6
+    assert (np.abs(da - ya) <= ea).all() and (np.abs(db - yb) <= eb).all()
+    bound = ea @ np.abs(db).T + np.abs(ya) @ eb.T
+    err = np.abs(da @ db.T - ya @ yb.T)
+    assert (err <= bound).all()
+    assert 0 < err.max() < 0.05 * (np.abs(ya) @ np.abs(yb).T).max()  # a real error, small against the terms
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_vmap(kind, fmt):
+    key = case_key(("blk_vmap", kind, fmt))
+    x = random(key, (3, 4, 64), jnp.bfloat16, scale=2.0)
+    gammas = random(key + 1, (3, 64), jnp.float32, offset=1.0)  # per-example parameters
+    betas = random(key + 2, (3, 64), jnp.float32)
+    gs = jnp.asarray([1e-3, 2e-2, 0.5], jnp.float32)  # per-example global scales (NVFP4)
+
+    def one(x, g, b, gs):
+        bb = b if kind == "layer" else None
+        return _mxfp8(kind, x, g, bb) if fmt == "mxfp8" else _nvfp4(kind, x, g, bb, global_scale=gs)
+
+    q, s = jax.vmap(one)(x, gammas, betas, gs)
+    for i in range(3):
+        qi, si = one(x[i], gammas[i], betas[i], gs[i])
+        np.testing.assert_array_equal(_bits(q[i]), _bits(qi))
+        np.testing.assert_array_equal(_bits(s[i]), _bits(si))
+    if fmt == "nvfp4":  # the global scale was each example's own
+        q0, _ = one(x[1], gammas[1], betas[1], gs[0])
+        assert not np.array_equal(_bits(q[1]), _bits(q0))
+    q2, s2 = jax.vmap(lambda x: one(x, gammas[0], betas[0], gs[0]))(x)  # shared parameters
+    np.testing.assert_array_equal(_bits(s2[2]), _bits(one(x[2], gammas[0], betas[0], gs[0])[1]))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "pow2"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_grad_straight_through(kind, fmt):
+    key = case_key(("blk_grad", kind, fmt))
+    x = random(key, (6, 128), jnp.bfloat16, offset=0.2)
+    gamma, beta = _params(kind, 128, jnp.float32, key)
+    w = random(key + 7, (6, 128), jnp.float32)
+
+    def quantized(x, g, b):
+        bb = b if kind == "layer" else None
+        if fmt == "mxfp8":
+            return _mxfp8(kind, x, g, bb)[0]
+        if fmt == "nvfp4":
+            return _nvfp4(kind, x, g, bb, global_scale=0.01)[0]
+        return (jrn.rms_norm_fp8_groupwise(x, g, power_of_two_scales=True) if kind == "rms"
+                else jrn.layer_norm_fp8_groupwise(x, g, bb, power_of_two_scales=True))[0]
+
+    code_dtype = quantized(x, gamma, beta).dtype
+    got = jax.grad(lambda *a: jnp.sum(quantized(*a).astype(jnp.float32) * w), (0, 1, 2))(x, gamma, beta)
+    # the norm's gradients with q's cotangent (w in q's dtype, then x's)
+    ct = w.astype(code_dtype).astype(x.dtype)
+    norm = (lambda x, g, b: jrn.rms_norm(x, g)) if kind == "rms" else jrn.layer_norm
+    _, pull = jax.vjp(norm, x, gamma, beta)
+    want = pull(ct)
+    for a, b, name in zip(got, want, ("dx", "dgamma", "dbeta")):
+        if kind == "rms" and name == "dbeta":
+            assert not np.asarray(a).any()
+            continue
+        np.testing.assert_allclose(f64(a), f64(b), rtol=1e-2, atol=1e-2, err_msg=name)
+        assert np.abs(f64(a)).max() > 0
+    # forward mode: q's tangent is the norm's, cast to q's dtype
+    t = random(key + 9, x.shape, jnp.bfloat16)
+    _, tq = jax.jvp(lambda x: quantized(x, gamma, beta), (x,), (t,))
+    _, ty = jax.jvp(lambda x: norm(x, gamma, beta), (x,), (t,))
+    assert tq.dtype == code_dtype
+    np.testing.assert_array_equal(_bits(tq), _bits(ty.astype(code_dtype)))
+
+
+def test_hidden_slice_path():
+    # What each device runs with the hidden dim split (statistics, then the
+    # apply_fp8 kernel), here as one slice: the same bits as the fused kernel.
+    from jax_rmsnorm import _primitives as prim
+
+    x = random(11, (5, 96), jnp.bfloat16, scale=2.0)
+    gamma = random(12, (96,), jnp.bfloat16, offset=1.0)
+    for rule, block, codes, g in (("e8m0", 32, E4M3, None), ("nvfp4", 16, E2M1, jnp.float32(3e-3)),
+                                  ("pow2", 32, E5M2, None)):
+        fused = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule)
+
+        def run(x, g_, on):
+            y, _, _, _, qs, _ = prim.norm_fwd_fused(x, g_, g_, None, g, None, kind="rms", eps=1e-6,
+                                                    zero_centered_gamma=False, has_gamma=True, has_beta=False,
+                                                    fused=fused, on_hidden_slice=on)
+            return y, qs
+
+        sliced = jax.jit(lambda x, g_: run(x, g_, "cpu"))
+        assert "jrn_rms_norm_apply_fp8" in sliced.lower(x, gamma).as_text()
+        for a, b in zip(sliced(x, gamma), jax.jit(lambda x, g_: run(x, g_, None))(x, gamma)):
+            np.testing.assert_array_equal(_bits(a) if a.dtype.itemsize == 1 else np.asarray(a),
+                                          _bits(b) if b.dtype.itemsize == 1 else np.asarray(b))
+
+
+@pytest.mark.parametrize("layout", ["rows", "hidden"])
+def test_sharded_jit(layout):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices("cpu")[:4])
+    spec = P("data", None) if layout == "rows" else P(None, "model")
+    x = random(13, (8, 128), jnp.bfloat16, scale=2.0)
+    g = random(14, (128,), jnp.float32, offset=1.0)
+    for fn in (lambda x, g: jrn.rms_norm_mxfp8(x, g), lambda x, g: jrn.layer_norm_nvfp4(x, g, g, global_scale=0.01),
+               lambda x, g: jrn.rms_norm_fp8_groupwise(x, g, group_size=32, power_of_two_scales=True)):
+        f = jax.jit(fn)
+        want = f(x, g)
+        got = f(jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(g, NamedSharding(mesh, P(spec[1]))))
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            # split along the hidden dim, float32 row sums in another order:
+            # a code may round the other way
+            diff = _bits(a) != _bits(b) if a.dtype.itemsize == 1 else np.asarray(a) != np.asarray(b)
+            assert diff.mean() < (0.02 if layout == "hidden" else 1e-9)
+
+
+def test_empty():
+    x = jnp.zeros((0, 64), jnp.bfloat16)
+    q, s = jrn.rms_norm_mxfp8(x)
+    assert q.shape == (0, 64) and s.shape == (0, 2) and s.dtype == np.dtype(jnp.float8_e8m0fnu)
+    q, s = jrn.layer_norm_nvfp4(x, global_scale=1.0)
+    assert q.dtype == np.dtype(E2M1) and s.shape == (0, 4) and s.dtype == np.dtype(E4M3)
+
+
+def test_errors():
+    x = jnp.ones((4, 48), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"x's hidden size must be a multiple of 32 for MXFP8"):
+        jrn.rms_norm_mxfp8(x)
+    with pytest.raises(ValueError, match=r"multiple of 16 for NVFP4"):
+        jrn.layer_norm_nvfp4(jnp.ones((4, 40)), global_scale=1.0)
+    x = jnp.ones((4, 64), jnp.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype must be float8_e4m3fn or float8_e5m2"):
+        jrn.rms_norm_mxfp8(x, out_dtype=jnp.bfloat16)
+    with pytest.raises(TypeError, match="global_scale is required"):
+        jrn.rms_norm_nvfp4(x, global_scale=None)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="global_scale must be finite and > 0"):
+            jrn.rms_norm_nvfp4(x, global_scale=bad)
+    with pytest.raises(TypeError, match="global_scale must be float32, got float16"):
+        jrn.rms_norm_nvfp4(x, global_scale=jnp.float16(1))
+    with pytest.raises(ValueError, match=r"global_scale must be a scalar \(one scale per tensor\)"):
+        jrn.rms_norm_nvfp4(x, global_scale=jnp.ones((2,), jnp.float32))
+    with pytest.raises(TypeError, match="global_scale must be an array, got str"):
+        jrn.rms_norm_nvfp4(x, global_scale="1")
+    with pytest.raises(TypeError, match="x must be float32, bfloat16 or float16"):
+        jrn.rms_norm_mxfp8(jnp.ones((4, 64), jnp.int32))
+    with pytest.raises(TypeError, match="power_of_two_scales must be a bool"):
+        jrn.rms_norm_fp8_groupwise(x, group_size=32, power_of_two_scales="yes")
+    with pytest.raises(TypeError):  # no out_dtype for NVFP4: its codes are float4_e2m1fn
+        jrn.rms_norm_nvfp4(x, global_scale=1.0, out_dtype=E4M3)
+
+
+@pytest.mark.parametrize("name, call", [
+    ("rms_norm_mxfp8", lambda x: jrn.rms_norm_mxfp8(x)),
+    ("layer_norm_nvfp4", lambda x: jrn.layer_norm_nvfp4(x, global_scale=1.0)),
+    ("rms_norm_fp8_groupwise(power_of_two_scales=True)",
+     lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=32, power_of_two_scales=True))])
+def test_gpu_lowering_refused(name, call):
+    # No CUDA kernels yet: lowering for a GPU names the function; the
+    # per-group output without the option still lowers as before.
+    x = jnp.ones((4, 64), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=rf"jax_rmsnorm\.{name.replace('(', '[(]').replace(')', '[)]')} "
+                                                  r"has no CUDA kernel yet"):
+        jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+    assert "jrn_" in jax.jit(call).trace(x).lower(lowering_platforms=("cpu",)).as_text()
+
+
+def test_mxfp8_scale_of_a_subnormal_quotient():
+    # max|y| / 448 below 2**-126 (a float32 subnormal): IEEE arithmetic
+    # rounds it up to E8M0 2**-126, where flushing denormals (as XLA's CPU
+    # does) would give 0, i.e. 2**-127, and saturated codes.
+    x = jnp.ones((2, 64), jnp.float32)
+    gamma = jnp.asarray(np.r_[np.full(32, 1.5 * 2.0 ** -118), np.ones(32)].astype(np.float32))
+    q, s = jrn.rms_norm_mxfp8(x, gamma)
+    assert (_bits(s)[:, 0] == 1).all()
+    assert (np.asarray(q, np.float32)[:, :32] == 384.0).all()
+    rq, rs = quantize_blocks(np.asarray(jrn.rms_norm(x, gamma)), "mxfp8", E4M3, 32)
+    np.testing.assert_array_equal(_bits(s), rs)
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
