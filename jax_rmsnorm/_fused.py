@@ -447,7 +447,7 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
 
     Args:
       power_of_two_scales: round each scale up to a power of two (1x128
-        blocks with power-of-two scales, as DeepSeek-V3 trains):
+        blocks with power-of-two scales):
         ``2 ** ceil(log2(max(min(max|y| / fp8_max, scale_ub), 1e-12)))``, so
         an all-zero group's scale is ``2 ** -39``; ``q = saturate(y * (1 /
         scale))`` is then exact before its rounding. NaN stays NaN. CPU only
