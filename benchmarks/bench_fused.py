@@ -101,7 +101,7 @@ def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
         fused = prim.FusedSpec(residual=r is not None, h_dtype=x.dtype if r is not None else None, quant=mode,
                                out_dtype=None if mode is None else np.dtype(FP8[fmt]),
                                group_size=group if mode == "group" else 0)
-        q, _, _, h, qs, _ = prim.norm_fwd_fused(
+        q, _, _, h, qs, _, _ = prim.norm_fwd_fused(
             x, g, b, r, jnp.asarray(scale, jnp.float32), None, kind=kind, eps=1e-6 if kind == "rms" else 1e-5,
             zero_centered_gamma=False, has_gamma=True, has_beta=kind == "layer", fused=fused,
             on_hidden_slice="cpu" if jax.default_backend() == "cpu" else "cuda")

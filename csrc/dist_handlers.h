@@ -132,7 +132,7 @@ inline ffi::Error check_out_stats(const ffi::AnyBuffer& out, int64_t rows, int64
     a.no_output = measure;                                                                      \
     /* x stands in for the absent residual, h and x_scale (none is read). */                    \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, x, scale, x, q, mean, rstd, x, qs,          \
-                                  nullptr, 0.f, zc, has_gamma, has_beta, false, quant,          \
+                                  nullptr, nullptr, 0.f, zc, has_gamma, has_beta, false, quant, \
                                   group_size, scale_ub, 0, group_scale, &a);                    \
         e.failure())                                                                            \
       return e;                                                                                 \

@@ -145,6 +145,10 @@ struct FwdArgs {
   float* amax = nullptr;         // kTensor: max |y| of tensor t (zeroed before the kernel)
                                  // kCurrent: the scale_inv output
   void* qt = nullptr;            // kCurrent: q transposed, (tensors, hidden, rows per tensor); null: not wanted
+                                 // kGroup: the columnwise copy, y transposed so and quantized along
+                                 // its rows in groups of group_size (CPU only)
+  void* qt_scales = nullptr;     // kGroup with qt: its scales, (tensors, hidden, rows per tensor /
+                                 // group_size), float32 or block_scales' bytes
   bool scale_inverted = false;   // kTensor: q = y / scale[t] (CUDA: current scaling's 2nd pass)
   bool no_output = false;        // kTensor: amax only, y and h not written (CUDA: its 1st pass)
   int64_t tensors = 0;           // kTensor: x's rows split evenly into tensors (vmap)

@@ -161,7 +161,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
                                    const ffi::AnyBuffer* beta, const ffi::AnyBuffer& residual,
                                    const ffi::AnyBuffer& scale, const ffi::AnyBuffer& x_scale,
                                    ffi::AnyBuffer& y, ffi::AnyBuffer* mean, ffi::AnyBuffer& rstd,
-                                   ffi::AnyBuffer& h, ffi::AnyBuffer& qs, ffi::AnyBuffer* qt, float eps,
+                                   ffi::AnyBuffer& h, ffi::AnyBuffer& qs, ffi::AnyBuffer* qt,
+                                   ffi::AnyBuffer* qt_scales, float eps,
                                    bool zero_centered, bool has_gamma, bool has_beta, bool has_residual,
                                    int32_t quant, int64_t group_size, float scale_ub, int64_t x_group_size,
                                    int32_t group_scale, FwdArgs* a) {
@@ -264,13 +265,31 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
       a->tensors = tensors;
     }
   }
-  // kCurrent's transposed copy: null or empty (not wanted), or q's bytes as
-  // (tensors, hidden, rows per tensor).
-  if (qt && qt->element_count() != 0) {
-    if (a->quant != Quant::kCurrent || static_cast<int64_t>(qt->element_count()) != n ||
+  // The transposed copy: null or empty (not wanted), or q's codes as
+  // (tensors, hidden, rows per tensor): kCurrent's q transposed, or kGroup's
+  // columnwise copy with its scales qt_scales (tensors, hidden, rows per
+  // tensor / group_size), in the group scales' dtype.
+  const bool want_qt = qt && qt->element_count() != 0;
+  const bool want_qt_scales = qt_scales && qt_scales->element_count() != 0;
+  if (want_qt_scales && !(want_qt && a->quant == Quant::kGroup))
+    return ffi::Error::InvalidArgument("jax_rmsnorm: q_t's scales go with per-group output's q_t");
+  if (want_qt) {
+    const bool group = a->quant == Quant::kGroup;
+    if (!(a->quant == Quant::kCurrent || group) || static_cast<int64_t>(qt->element_count()) != n ||
         qt->element_type() != y.element_type())
       return ffi::Error::InvalidArgument(
-          "jax_rmsnorm: q_t must be empty, or (current scaling) q's size and FP8 dtype");
+          "jax_rmsnorm: q_t must be empty, or (current scaling, per-group output) q's size and dtype");
+    if (group) {  // the tensors' count: scale's size (NVFP4's global scales, else a placeholder not read)
+      const int64_t tensors = static_cast<int64_t>(scale.element_count());
+      if (tensors < 1 || a->shape.rows % tensors != 0 || (a->shape.rows / tensors) % group_size != 0)
+        return ffi::Error::InvalidArgument(
+            "jax_rmsnorm: per-group q_t needs scale's size to count the tensors, of whole groups of rows");
+      a->tensors = tensors;
+      if (!want_qt_scales || static_cast<int64_t>(qt_scales->element_count()) != n / group_size ||
+          qt_scales->element_type() != qs.element_type())
+        return ffi::Error::InvalidArgument("jax_rmsnorm: q_t's scales must be one per group, in q's scales' dtype");
+      a->qt_scales = qt_scales->untyped_data();
+    }
     auto d = qt->dimensions();
     const int64_t rows = a->rows_per_tensor();
     if (d.size() < 2 || d[d.size() - 2] != a->shape.hidden || d[d.size() - 1] != rows)
@@ -280,13 +299,14 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   return ffi::Error::Success();
 }
 
-// Refuses group scales other than kFloat on a backend without kernels for
-// them (backend_group_scales).
+// Refuses group scales other than kFloat, and per-group output's transposed
+// copy, on a backend without kernels for them (backend_group_scales).
 template <class Backend>
 inline ffi::Error check_group_scale(const FwdArgs& a) {
-  if (!backend_group_scales<Backend>() && a.group_scale != GroupScale::kFloat)
+  if (!backend_group_scales<Backend>() && (a.group_scale != GroupScale::kFloat || a.qt_scales))
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "jax_rmsnorm: block-scaled and power-of-two group scales have no kernels on this platform yet");
+                      "jax_rmsnorm: block-scaled and power-of-two group scales, and per-group q_t, have no kernels on "
+                      "this platform yet");
   return ffi::Error::Success();
 }
 
@@ -300,9 +320,10 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
 // ---- The fused handlers of one platform (arguments as JRN_DEFINE_NORM_HANDLERS).
 //
 // Forward: (x, gamma, [beta,] residual, scale, x_scale) -> (y, [mean,] rstd, h,
-// qs, qt), the absent ones empty placeholders. qs is amax (kTensor), the row
-// scales (kRow), the group scales (kGroup) or scale_inv (kCurrent); qt is
-// kCurrent's transposed copy of y, (tensors, hidden, rows per tensor). x_scale
+// qs, qt, qt_scales), the absent ones empty placeholders. qs is amax (kTensor),
+// the row scales (kRow), the group scales (kGroup) or scale_inv (kCurrent); qt
+// is kCurrent's transposed copy of y or kGroup's columnwise copy, (tensors,
+// hidden, rows per tensor), qt_scales the latter's scales. x_scale
 // (with x_group_size > 0) dequantizes an FP8 x, one scale per group of
 // columns; y is then in the kernel's element type. Backward: the plain
 // backward's operands plus dh, added to dx.
@@ -314,13 +335,13 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
   ::xla::ffi::Error Fwd(CTX_DECL AnyBuffer x, AnyBuffer gamma, const AnyBuffer* beta,           \
                         AnyBuffer residual, AnyBuffer scale, AnyBuffer xs, AnyBuffer y,         \
                         AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs,             \
-                        AnyBuffer qt, float eps,                                                \
+                        AnyBuffer qt, AnyBuffer qts, float eps,                                 \
                         bool zc, bool has_gamma, bool has_beta, bool has_residual,              \
                         int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,     \
                         int32_t group_scale) {                                                  \
     FwdArgs a;                                                                                  \
     if (auto e = decode_fused_fwd(K, x, gamma, beta, residual, scale, xs, y, mean, rstd, h, qs, \
-                                  &qt, eps, zc, has_gamma, has_beta, has_residual, quant,       \
+                                  &qt, &qts, eps, zc, has_gamma, has_beta, has_residual, quant, \
                                   group_size, scale_ub, x_group, group_scale, &a);              \
         e.failure())                                                                            \
       return e;                                                                                 \
@@ -334,28 +355,29 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
   }                                                                                             \
   }                                                                                             \
   JRN_HANDLER(PREFIX##RmsNormFwdFused,                                                             \
-      JRN_BUFFERS(BIND, 5, 5).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
+      JRN_BUFFERS(BIND, 5, 6).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
          ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
-         ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps, bool zc, bool has_gamma,                   \
+         ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, float eps, bool zc, bool has_gamma, \
          bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,    \
          int32_t group_scale) {                                                                    \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,     \
-                                                              nullptr, *rstd, *h, *qs, *qt, eps, zc, \
-                                                              has_gamma, false, has_residual,      \
+                                                              nullptr, *rstd, *h, *qs, *qt, *qts,  \
+                                                              eps, zc, has_gamma, false,           \
+                                                              has_residual,                        \
                                                               quant, group_size, scale_ub,         \
                                                               x_group, group_scale);               \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormFwdFused,                                                           \
-      JRN_BUFFERS(BIND, 6, 6).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
+      JRN_BUFFERS(BIND, 6, 7).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf r,              \
          ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
-         ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, float eps,       \
-         bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,                 \
+         ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, \
+         float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,      \
          int64_t group_size, float scale_ub, int64_t x_group, int32_t group_scale) {               \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                   \
-            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, eps, zc, has_gamma, has_beta, \
-            has_residual, quant, group_size, scale_ub, x_group, group_scale);                      \
+            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, *qts, eps, zc, has_gamma,     \
+            has_beta, has_residual, quant, group_size, scale_ub, x_group, group_scale);            \
       });                                                                                          \
   JRN_HANDLER(PREFIX##RmsNormBwdAdd, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                      \
       [](CTX_DECL ::jrn::FfiBuf dy, ::jrn::FfiBuf x, ::jrn::FfiBuf rstd, ::jrn::FfiBuf g,          \

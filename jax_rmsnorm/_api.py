@@ -253,7 +253,7 @@ def _fp8_input(kind, x, gamma, beta, eps, zero_centered_gamma, axis_name, x_scal
         return None
     if axis_name is not None:
         raise NotImplementedError("axis_name is not supported with an FP8 x yet")
-    y, _, _, _ = _run(kind, x, None, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+    y, *_ = _run(kind, x, None, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                       x_scale=x_scale, x_group_size=group_size, dtype=dtype)
     return y
 

@@ -321,6 +321,16 @@ def check_block_size(x, block, fmt):
     return block
 
 
+def check_columnwise_rows(x, block):
+    """The columnwise copy (``transpose=True`` of per-group output) quantizes
+    blocks of ``block`` rows: a tensor's rows must be a multiple of it."""
+    rows = math.prod(x.shape[:-1])
+    if rows % block != 0:
+        raise ValueError(f"x's rows (the product of all but its last dim: {rows}) must be a multiple of {block} "
+                         f"for the columnwise copy (transpose=True quantizes blocks of {block} rows), got shape "
+                         f"{x.shape}")
+
+
 def check_hidden_size(hidden_size, x):
     """The whole row's length, at least x's slice of it."""
     return check_size(hidden_size, "hidden_size", "the whole row's length, at least x's slice of it",

@@ -20,9 +20,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_bool, check_fp8_input, check_group_size,
-                      check_h_dtype,
-                      check_out_dtype, check_param, check_residual, check_scale_ub, check_tensor_scale, check_x, config,
+from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_bool, check_columnwise_rows,
+                      check_fp8_input, check_group_size, check_h_dtype, check_out_dtype, check_param, check_residual,
+                      check_scale_ub, check_tensor_scale, check_x, config,
                       dtype_name, is_fp8, no_fp8_options, staged)
 from ._ad import kernel_op
 from ._core import (backward, full_hidden, grad_sums, normalize_reference, param_dtype, slice_stats, sliced_forward,
@@ -72,13 +72,13 @@ class _FusedConfig:
 
 
 def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
-    """(y or q, mean, rstd, h, qs, qt) from one forward kernel (with ``cfg.axes``:
+    """(y or q, mean, rstd, h, qs, qt, qts) from one forward kernel (with ``cfg.axes``:
     ``h``, then the norm of a slice of the hidden dim)."""
     spec, norm = cfg.spec, cfg.norm
     if cfg.axes:
         stats, h = slice_stats(x, norm.kind, residual, spec.h_dtype)  # h and its statistics: one pass
         y, mean, rstd = sliced_forward(h, *kernel_params(h, gamma, beta), norm, cfg.axes, stats)
-        return y.astype(x.dtype), mean, rstd, h, None, None
+        return y.astype(x.dtype), mean, rstd, h, None, None, None
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32)
         y = jnp.zeros(x.shape, spec.out_dtype or x.dtype)
@@ -93,7 +93,8 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
         elif spec.quant == "group":
             qs = jnp.zeros(x.shape[:-1] + (x.shape[-1] // spec.group_size,), spec.scale_dtype)
         qt = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), y.dtype) if spec.transpose else None
-        return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt
+        qts = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), spec.scale_dtype) if spec.columnwise else None
+        return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt, qts
     typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
     ph = _placeholder(param_dtype(typed, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
@@ -102,13 +103,13 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
 
 
 def _fused_fwd(cfg, x, residual, gamma, beta, scale, x_scale):
-    y, mean, rstd, h, qs, qt = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
-    return (y, h, qs, qt), (mean, rstd, h)
+    y, mean, rstd, h, qs, qt, qts = _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg)
+    return (y, h, qs, qt, qts), (mean, rstd, h)
 
 
 def _fused_reference(cfg, x, residual, gamma, beta, scale, x_scale):
-    """The math of (y or q, h, qs, qt) in jnp, straight-through for an FP8
-    output: q is y rounded to the normalized input's dtype and taken as the
+    """The math of (y or q, h, qs, qt, qts) in jnp, straight-through for an
+    FP8 output: q is y rounded to the normalized input's dtype and taken as the
     FP8 value (quantization counts as the identity, as the backward has it),
     q_t the same transposed, and the scales have no derivative (None)."""
     spec, norm = cfg.spec, cfg.norm
@@ -120,19 +121,19 @@ def _fused_reference(cfg, x, residual, gamma, beta, scale, x_scale):
         xf = h.astype(jnp.float32)
     y = normalize_reference(xf, gamma, beta, norm, cfg.axes)
     if spec.quant is None:
-        return y.astype(spec.out_dtype if group else x.dtype), h, None, None
+        return y.astype(spec.out_dtype if group else x.dtype), h, None, None, None
     y = y.astype(x.dtype if h is None else h.dtype)
     qt = None
     if spec.transpose:  # (hidden, rows) per tensor
         qt = jnp.swapaxes(y.reshape(jnp.shape(scale) + (-1, x.shape[-1])), -1, -2).astype(spec.out_dtype)
-    return y.astype(spec.out_dtype), h, None, qt
+    return y.astype(spec.out_dtype), h, None, qt, None
 
 
 def _fused_bwd(cfg, args, res, cts):
     x, residual, gamma, beta, scale, x_scale = args
     mean, rstd, h = res
     x_dtype, r_dtype = cfg.x_dtype, cfg.r_dtype
-    ct_y, ct_h, _, ct_qt = cts  # amax / scales: no gradient; None: a zero cotangent
+    ct_y, ct_h, _, ct_qt, _ = cts  # amax / scales: no gradient; None: a zero cotangent
     norm = cfg.norm
     group = cfg.spec.x_group_size
     # The backward reads the normalized input: h with a residual, else x
@@ -170,7 +171,7 @@ def _fused_bwd(cfg, args, res, cts):
             sum_to_primal_vma(dbeta, beta), d_scale, gxs)
 
 
-# (x, residual, gamma, beta, scale, x_scale) -> (y or q, h, qs, qt)
+# (x, residual, gamma, beta, scale, x_scale) -> (y or q, h, qs, qt, qts)
 _fused = kernel_op(_fused_fwd, _fused_reference, _fused_bwd)
 
 
@@ -183,7 +184,7 @@ _BLOCK_FORMATS = {"mxfp8": ("e8m0", 32, "MXFP8", None),
 def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=None, quant=None,
          out_dtype=None, scale=None, group_size=0, scale_ub=None, x_scale=None, x_group_size=None, dtype=None,
          axis_name=None, transpose=False, power_of_two_scales=False, block_format=None):
-    """Checks the arguments, then returns (y or q, h or None, qs or None, qt or None).
+    """Checks the arguments, then returns (y or q, h or None, qs or None, qt or None, qts or None).
 
     ``power_of_two_scales`` (quant "group"): scales rounded up to powers of
     two. ``block_format`` (quant "group"): a key of _BLOCK_FORMATS, whose
@@ -193,7 +194,8 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
     per scale (None: one scale for the tensor), and the output dtype.
     ``axis_name``: inside shard_map, the mesh axes splitting the hidden dim
     (residual add + norm of a float ``x`` only). ``transpose``: current
-    scaling's transposed copy of q too."""
+    scaling's transposed copy of q too, or (quant "group") the columnwise
+    copy and its scales."""
     spec = dict(quant=quant, transpose=check_bool(transpose, "transpose"))
     if is_fp8(x):
         if axis_name is not None:
@@ -218,8 +220,6 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec["out_dtype"] = fmt[3] if fmt and fmt[3] is not None else check_out_dtype(out_dtype)
     if quant == "tensor":
         scale = check_tensor_scale(scale)
-    if quant == "current":
-        scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     if quant in ("row", "group"):
         spec["scale_ub"] = check_scale_ub(scale_ub)
     if quant == "group" and fmt is not None:
@@ -232,15 +232,20 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         spec["group_size"] = check_group_size(group_size, x)
         if check_bool(power_of_two_scales, "power_of_two_scales"):
             spec["group_scale"] = "pow2"
+    if quant == "group" and spec["transpose"]:
+        check_columnwise_rows(x, spec["group_size"])
+    if quant == "current" or (spec["transpose"] and scale is None):
+        scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     r_dtype = None if residual is None else np.dtype(residual.dtype)
     cfg = _FusedConfig(norm, FusedSpec(**spec), np.dtype(x.dtype), r_dtype, axes or ())
     return _fused(cfg, x, residual, gamma, beta, scale, x_scale)
 
 
 def _with_h(outs, residual):
-    """The public results: (q, qs), then h with a residual, then q_t if made."""
-    q, h, qs, qt = outs
-    return (q, qs) + (() if residual is None else (h,)) + (() if qt is None else (qt,))
+    """The public results: (q, qs), then h with a residual, then q_t and its
+    scales (per-group output) if made."""
+    q, h, qs, qt, qts = outs
+    return (q, qs) + (() if residual is None else (h,)) + tuple(a for a in (qt, qts) if a is not None)
 
 
 # ---------------------------------------------------------------------------
@@ -280,7 +285,7 @@ def add_rms_norm(x: Array, residual: Array, gamma: Optional[Array] = None, *, ep
       adds the cotangent of ``h`` to the norm's ``dx``; that sum is the gradient
       of both ``x`` and ``residual`` (each in its own dtype).
     """
-    y, h, _, _ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
+    y, h, *_ = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
                       h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
@@ -294,7 +299,7 @@ def add_layer_norm(x: Array, residual: Array, gamma: Optional[Array] = None, bet
     Arguments and results as :func:`add_rms_norm`, plus ``beta`` (``(hidden,)``,
     float32, bfloat16 or float16). Differentiable in ``x``, ``residual``, ``gamma``, ``beta``.
     """
-    y, h, _, _ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
+    y, h, *_ = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                       h_dtype=h_dtype, x_scale=x_scale, x_group_size=group_size, dtype=dtype, axis_name=axis_name)
     return y, h
 
@@ -439,7 +444,7 @@ def layer_norm_fp8_rowwise(x: Array, gamma: Optional[Array] = None, beta: Option
 def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_size: int = 128,
                            scale_ub: Optional[float] = None, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
                            zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None,
-                           power_of_two_scales: bool = False):
+                           power_of_two_scales: bool = False, transpose: bool = False):
     """RMSNorm with FP8 output and one dynamic scale per group of ``group_size``
     consecutive columns (e.g. 16 or 128; any size dividing the hidden size).
 
@@ -460,7 +465,7 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
                 h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub,
-                power_of_two_scales=power_of_two_scales)
+                power_of_two_scales=power_of_two_scales, transpose=transpose)
     return _with_h(outs, residual)
 
 
@@ -468,11 +473,12 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
 def layer_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                              group_size: int = 128, scale_ub: Optional[float] = None,
                              out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
-                             residual: Optional[Array] = None, h_dtype=None, power_of_two_scales: bool = False):
+                             residual: Optional[Array] = None, h_dtype=None, power_of_two_scales: bool = False,
+                             transpose: bool = False):
     """LayerNorm with FP8 output and per-group scales: as :func:`rms_norm_fp8_groupwise`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
                 h_dtype=h_dtype, quant="group", out_dtype=out_dtype, group_size=group_size, scale_ub=scale_ub,
-                power_of_two_scales=power_of_two_scales)
+                power_of_two_scales=power_of_two_scales, transpose=transpose)
     return _with_h(outs, residual)
 
 
@@ -494,7 +500,8 @@ _BLOCK_DOC = """
 
 @staged
 def rms_norm_mxfp8(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.float8_e4m3fn, eps: float = 1e-6,
-                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None,
+                   transpose: bool = False):
     """RMSNorm with MXFP8 output: FP8 codes in blocks of 32 columns, each with
     an E8M0 (power-of-two) scale. One pass.
 
@@ -516,23 +523,24 @@ def rms_norm_mxfp8(x: Array, gamma: Optional[Array] = None, *, out_dtype=jnp.flo
       scales[..., c // 32]``.
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8")
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8", transpose=transpose)
     return _with_h(outs, residual)
 
 
 @staged
 def layer_norm_mxfp8(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *,
                      out_dtype=jnp.float8_e4m3fn, eps: float = 1e-5, zero_centered_gamma: bool = False,
-                     residual: Optional[Array] = None, h_dtype=None):
+                     residual: Optional[Array] = None, h_dtype=None, transpose: bool = False):
     """LayerNorm with MXFP8 output: as :func:`rms_norm_mxfp8`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8")
+                h_dtype=h_dtype, quant="group", out_dtype=out_dtype, block_format="mxfp8", transpose=transpose)
     return _with_h(outs, residual)
 
 
 @staged
 def rms_norm_nvfp4(x: Array, gamma: Optional[Array] = None, *, global_scale, eps: float = 1e-6,
-                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None):
+                   zero_centered_gamma: bool = False, residual: Optional[Array] = None, h_dtype=None,
+                   transpose: bool = False):
     """RMSNorm with NVFP4 output: E2M1 (float4) codes in blocks of 16
     columns, each with an E4M3 scale, under a given per-tensor float32
     ``global_scale``. One pass.
@@ -564,22 +572,40 @@ def rms_norm_nvfp4(x: Array, gamma: Optional[Array] = None, *, global_scale, eps
       scales[..., c // 16] * global_scale``.
     """
     outs = _run(RMS, x, residual, gamma, None, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4")
+                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4", transpose=transpose)
     return _with_h(outs, residual)
 
 
 @staged
 def layer_norm_nvfp4(x: Array, gamma: Optional[Array] = None, beta: Optional[Array] = None, *, global_scale,
                      eps: float = 1e-5, zero_centered_gamma: bool = False, residual: Optional[Array] = None,
-                     h_dtype=None):
+                     h_dtype=None, transpose: bool = False):
     """LayerNorm with NVFP4 output: as :func:`rms_norm_nvfp4`."""
     outs = _run(LAYER, x, residual, gamma, beta, eps=eps, zero_centered_gamma=zero_centered_gamma,
-                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4")
+                h_dtype=h_dtype, quant="group", scale=global_scale, block_format="nvfp4", transpose=transpose)
     return _with_h(outs, residual)
 
+
+_COLUMNWISE_DOC = """
+    With ``transpose=True`` the results end with the columnwise copy for the
+    next matmul's weight gradient, ``(q_t, q_t_scales)`` (after ``h``): the
+    float32 ``y`` of all rows (``rows = prod(x.shape[:-1])``) transposed to
+    ``(hidden, rows)`` and quantized along its last axis, the rows, in blocks
+    of the same size by the same rule (NVFP4: under the same
+    ``global_scale``); quantized from ``y``, not from ``q``. ``q_t``:
+    ``(hidden, rows)`` in ``q``'s dtype; ``q_t_scales``: ``(hidden, rows //
+    block)`` in the scales' dtype; under ``vmap`` both gain the leading
+    example axis. ``rows`` must be a multiple of the block (ValueError
+    otherwise). ``q_t``'s cotangent is added to ``q``'s (transposed); its
+    scales have none. CPU only for now; under a sharded ``jit`` each
+    tensor's rows are gathered onto every device for it.
+"""
 
 for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise,
            layer_norm_fp8_rowwise, rms_norm_fp8_groupwise, layer_norm_fp8_groupwise):
     _f.__doc__ += _FP8_ROUNDING_DOC + _FP8_DOC
 for _f in (rms_norm_mxfp8, layer_norm_mxfp8, rms_norm_nvfp4, layer_norm_nvfp4):
     _f.__doc__ += _BLOCK_DOC + _FP8_DOC
+for _f in (rms_norm_fp8_groupwise, layer_norm_fp8_groupwise, rms_norm_mxfp8, layer_norm_mxfp8, rms_norm_nvfp4,
+           layer_norm_nvfp4):
+    _f.__doc__ += _COLUMNWISE_DOC

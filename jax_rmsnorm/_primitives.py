@@ -156,7 +156,7 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 
 # The fused forward: the forward primitive with ``fused`` set (a FusedSpec).
 #
-# (x, gamma[, beta], residual, scale, x_scale) -> (y[, mean], rstd, h, qs, qt)
+# (x, gamma[, beta], residual, scale, x_scale) -> (y[, mean], rstd, h, qs, qt, qts)
 #
 # With ``x_group_size``: x is FP8, dequantized in the kernel as x * x_scale
 # (x_scale: ``x.shape[:-1] + (hidden // x_group_size,)``, float32), and y is in
@@ -166,10 +166,14 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
 # "current": shaped like ``scale``, whose values are not read). With ``transpose``
 # (quant "current"): qt, y's bytes transposed per tensor, ``scale.shape + (hidden,
-# rows per tensor)``, written by the same kernels. With quant "group" and a
+# rows per tensor)``, written by the same kernels; (quant "group", CPU only): qt
+# the columnwise copy, each tensor's float32 y transposed so and quantized along
+# its rows in groups of ``group_size`` by the same rule, and qts its scales,
+# ``scale.shape + (hidden, rows per tensor // group_size)`` (``scale`` counts
+# the tensors: NVFP4's global scales, else values not read). With quant "group" and a
 # block-scaled ``group_scale``, qs holds the E8M0 / E4M3 block scales, and for
 # NVFP4 ``scale`` the per-tensor global scale. Absent operands and outputs
-# are empty placeholders: residual/h of shape (0,), scale/x_scale/qs/qt (0,) float32.
+# are empty placeholders: residual/h of shape (0,), scale/x_scale/qs/qt/qts (0,) float32.
 
 QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
 
@@ -194,13 +198,18 @@ class FusedSpec:
     x_group_size: int = 0  # > 0: x is FP8 with one scale per group of this many columns
     group_size: int = 0  # quant "group"
     scale_ub: float = math.inf  # quant "row"/"group"
-    transpose: bool = False  # quant "current": also the transposed copy qt
+    transpose: bool = False  # quant "current": also the transposed copy qt; "group": the columnwise copy
     group_scale: str = "float32"  # quant "group": a key of GROUP_SCALE_CODES
 
     @property
     def scale_dtype(self):
         """The dtype of the per-row or per-group scales."""
         return GROUP_SCALE_DTYPES.get(self.group_scale, np.dtype(np.float32))
+
+    @property
+    def columnwise(self):
+        """Whether qt is per-group output's columnwise copy, with its scales qts."""
+        return self.transpose and self.quant == "group"
 
     @property
     def global_scale(self):
@@ -211,7 +220,7 @@ class FusedSpec:
 
 def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_centered_gamma, has_gamma,
                    has_beta, fused: FusedSpec, on_hidden_slice: Optional[str] = None):
-    """Binds the fused forward; returns ``(y, mean, rstd, h, qs, qt)`` (None where absent).
+    """Binds the fused forward; returns ``(y, mean, rstd, h, qs, qt, qts)`` (None where absent).
 
     ``on_hidden_slice`` (a platform, "cpu" or "cuda"): instead of binding,
     run what each device runs when the hidden dim is split across devices,
@@ -232,12 +241,12 @@ def norm_fwd_fused(x, gamma, beta, residual, scale, x_scale, *, kind, eps, zero_
     else:
         outs = norm_fwd_p.bind(x, *ps, residual, scale, x_scale, **params)
     if kind == RMS:
-        y, rstd, h, qs, qt = outs
+        y, rstd, h, qs, qt, qts = outs
         mean = None
     else:
-        y, mean, rstd, h, qs, qt = outs
+        y, mean, rstd, h, qs, qt, qts = outs
     return (y, mean, rstd, (h if fused.residual else None), (qs if fused.quant else None),
-            (qt if fused.transpose else None))
+            (qt if fused.transpose else None), (qts if fused.columnwise else None))
 
 
 def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
@@ -246,8 +255,8 @@ def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     if fused is not None:
         h = X if fused.residual else E
         qs = {None: E, "tensor": S, "current": S, "row": R, "group": G}[fused.quant]
-        # qt: current scaling runs whole tensors (never split), like a placeholder.
-        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs, E]
+        # qt, qts: transposed copies take whole tensors (never split), like placeholders.
+        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs, E, E]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
 
@@ -277,9 +286,14 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
                           dtype=fused.scale_dtype, rows=x.ndim - 1))
     else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
-    if fused.transpose:  # a tensor's rows per scale
-        rows = x.size // x.shape[-1] // max(math.prod(scale.shape), 1)
+    rows = x.size // x.shape[-1] // max(math.prod(scale.shape), 1)  # a tensor's rows per scale
+    if fused.transpose:
         outs.append(_like(x, vma, shape=scale.shape + (x.shape[-1], rows), dtype=fused.out_dtype, rows=0))
+    else:
+        outs.append(_like(scale, vma, shape=(0,)))
+    if fused.columnwise:
+        outs.append(_like(x, vma, shape=scale.shape + (x.shape[-1], rows // fused.group_size),
+                          dtype=fused.scale_dtype, rows=0))
     else:
         outs.append(_like(scale, vma, shape=(0,)))
     return outs
@@ -335,8 +349,9 @@ def hidden_splittable(fused, slice_len) -> bool:
     """Whether a fused forward can run on ``slice_len``-wide slices of the
     hidden dim: a float ``x`` with the residual add and/or an FP8 output with a
     given per-tensor scale, per-row scales, or per-group scales where a slice
-    holds whole groups. Current scaling and an FP8 ``x`` split rows only."""
-    if fused.x_group_size or fused.quant == "current":
+    holds whole groups. Current scaling, an FP8 ``x`` and a transposed copy
+    split rows only."""
+    if fused.x_group_size or fused.quant == "current" or fused.transpose:
         return False
     return fused.quant != "group" or slice_len % fused.group_size == 0
 
@@ -389,7 +404,7 @@ def _fwd_add_sharded(st, axes, hidden, x, *rest):
     slice_stats, h = _add_stats_kernel(st.kind, x, residual, st.fused.h_dtype)
     y, *stats = _fwd_sharded(_with(st, fused=None), axes, hidden, h, *kernel_params(h, *params)[:n_params],
                              slice_stats=slice_stats)
-    return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32)]
+    return [y.astype(x.dtype), *stats, h, placeholder, _placeholder(np.float32), _placeholder(np.float32)]
 
 
 # The smallest per-row / per-group FP8 scale (all-zero rows quantize to zeros).
@@ -450,7 +465,7 @@ def _fwd_quant_sharded(st, axes, hidden, x, *rest):
         qs = jnp.maximum(jnp.minimum(pmax(row_max) / np.float32(fmax), np.float32(fused.scale_ub)),
                          np.float32(MIN_QUANT_SCALE))
         q, _ = _apply_fp8(st, h, params, stats, qs, "tensor", inverted=True)
-    return [q, *stats, h if fused.residual else residual, qs, _placeholder(np.float32)]
+    return [q, *stats, h if fused.residual else residual, qs, _placeholder(np.float32), _placeholder(np.float32)]
 
 
 def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
@@ -466,7 +481,7 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
         residual = batching.bdim_at_front(residual, br, size)
     if fused.x_group_size:
         x_scale = batching.bdim_at_front(x_scale, bxs, size)
-    if fused.quant == "current" or fused.global_scale:
+    if fused.quant == "current" or fused.global_scale or fused.columnwise:
         scale = batching.bdim_at_front(scale, bs, size)
     if any(b is not None for b in bps):
         present = [has_gamma, has_beta][:n_params]
@@ -475,7 +490,7 @@ def _fwd_fused_batch(args, dims, *, kind, has_gamma, has_beta, fused, **params):
                            has_beta=has_beta, fused=fused, **params)
     n_stats = 1 if kind == RMS else 2
     out_dims = [0] * (1 + n_stats) + [0 if fused.residual else None, 0 if fused.quant else None,
-                                      0 if fused.transpose else None]
+                                      0 if fused.transpose else None, 0 if fused.columnwise else None]
     return outs, out_dims
 
 
@@ -740,12 +755,13 @@ def _layout(st, mesh, arg_infos, result_infos):
         # Current scaling, an FP8 x, and per-group scales whose groups a split
         # would cut split rows only (the hidden dim is gathered). A scale from
         # a whole tensor's amax (current scaling, or a per-tensor scale per
-        # vmapped example) needs all of the tensor's rows on every device.
+        # vmapped example) and a transposed copy (a whole tensor's columns)
+        # need all of the tensor's rows on every device.
         n_hidden = math.prod(mesh.shape[a] for a in _axes_of(hidden))
         if not hidden_splittable(fused, first.shape[-1] // n_hidden):
             hidden = None
         scale = arg_infos[-2]
-        if fused.quant == "current" or (fused.global_scale and scale.shape):
+        if fused.quant == "current" or fused.transpose or (fused.global_scale and scale.shape):
             rows = (None,) * len(rows)
 
     def spec_for(role, info_shape):
@@ -888,8 +904,13 @@ def _register(prim, family, abstract, batch):
 
 def _check_cuda_kernels(params):
     """Refuses, when lowering for a GPU, what has no CUDA kernels yet: the
-    block-scaled and power-of-two group scales (CPU only for now)."""
+    block-scaled and power-of-two group scales and per-group output's
+    columnwise copy (CPU only for now)."""
     fused = params.get("fused")
+    if fused is not None and fused.columnwise:
+        raise NotImplementedError("jax_rmsnorm: the columnwise copy of per-group FP8/FP4 output (transpose=True) "
+                                  "has no CUDA kernel yet: it runs on the CPU only (put its inputs on a CPU "
+                                  "device, or jit it for the CPU)")
     if fused is not None and fused.group_scale in _NO_CUDA_KERNELS:
         name = _NO_CUDA_KERNELS[fused.group_scale].format(kind="rms" if params["kind"] == RMS else "layer")
         raise NotImplementedError(f"jax_rmsnorm.{name} has no CUDA kernel yet: it runs on the CPU only "

@@ -17,7 +17,7 @@ import ml_dtypes
 
 import jax_rmsnorm as jrn
 from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, pow2_group_scales, quantize_blocks, random,
-                       ref_add, ref_forward)
+                       ref_add, ref_forward, ref_scales)
 
 E4M3, E5M2, E2M1 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
 EPS = {"rms": 1e-6, "layer": 1e-5}
@@ -28,8 +28,7 @@ CPU = jax.devices("cpu")[0]
 
 def _bits(a):
     """The codes' bits (uint8), from an FP8, float4 or E8M0 array."""
-    a = np.asarray(a)
-    return a.view(np.uint8)
+    return np.ascontiguousarray(np.asarray(a)).view(np.uint8)
 
 
 def _params(kind, hidden, dtype, key, spread=0):
@@ -290,27 +289,33 @@ def test_vmap(kind, fmt):
     np.testing.assert_array_equal(_bits(s2[2]), _bits(one(x[2], gammas[0], betas[0], gs[0])[1]))
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "pow2"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["rowwise", "columnwise"])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "nvfp4", "pow2-128"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_grad_straight_through(kind, fmt):
-    key = case_key(("blk_grad", kind, fmt))
-    x = random(key, (6, 128), jnp.bfloat16, offset=0.2)
+def test_grad_straight_through(kind, fmt, transpose):
+    key = case_key(("blk_grad", kind, fmt, transpose))
+    rows = 128 if transpose else 6  # the columnwise copy's blocks of rows
+    x = random(key, (rows, 128), jnp.bfloat16, offset=0.2)
     gamma, beta = _params(kind, 128, jnp.float32, key)
-    w = random(key + 7, (6, 128), jnp.float32)
+    w, wt = random(key + 7, (rows, 128), jnp.float32), random(key + 8, (128, rows), jnp.float32)
 
     def quantized(x, g, b):
-        bb = b if kind == "layer" else None
-        if fmt == "mxfp8":
-            return _mxfp8(kind, x, g, bb)[0]
-        if fmt == "nvfp4":
-            return _nvfp4(kind, x, g, bb, global_scale=0.01)[0]
-        return (jrn.rms_norm_fp8_groupwise(x, g, power_of_two_scales=True) if kind == "rms"
-                else jrn.layer_norm_fp8_groupwise(x, g, bb, power_of_two_scales=True))[0]
+        """q, and q_t with transpose."""
+        outs = _format_call(fmt, kind, x, g, b, 0.01, transpose=transpose)[0]
+        return outs[0], (outs[2] if transpose else None)
 
-    code_dtype = quantized(x, gamma, beta).dtype
-    got = jax.grad(lambda *a: jnp.sum(quantized(*a).astype(jnp.float32) * w), (0, 1, 2))(x, gamma, beta)
-    # the norm's gradients with q's cotangent (w in q's dtype, then x's)
+    def loss(x, g, b):
+        q, qt = quantized(x, g, b)
+        value = jnp.sum(q.astype(jnp.float32) * w)
+        return value if qt is None else value + jnp.sum(qt.astype(jnp.float32) * wt)
+
+    code_dtype = quantized(x, gamma, beta)[0].dtype
+    got = jax.grad(loss, (0, 1, 2))(x, gamma, beta)
+    # the norm's gradients with q's cotangent (w in q's dtype, then x's), and
+    # q_t's transposed added to it
     ct = w.astype(code_dtype).astype(x.dtype)
+    if transpose:
+        ct = ct + wt.astype(code_dtype).astype(x.dtype).T
     norm = (lambda x, g, b: jrn.rms_norm(x, g)) if kind == "rms" else jrn.layer_norm
     _, pull = jax.vjp(norm, x, gamma, beta)
     want = pull(ct)
@@ -320,12 +325,12 @@ def test_grad_straight_through(kind, fmt):
             continue
         np.testing.assert_allclose(f64(a), f64(b), rtol=1e-2, atol=1e-2, err_msg=name)
         assert np.abs(f64(a)).max() > 0
-    # forward mode: q's tangent is the norm's, cast to q's dtype
+    # forward mode: q's tangent is the norm's, cast to q's dtype; q_t's the same transposed
     t = random(key + 9, x.shape, jnp.bfloat16)
-    _, tq = jax.jvp(lambda x: quantized(x, gamma, beta), (x,), (t,))
+    _, tq = jax.jvp(lambda x: quantized(x, gamma, beta)[int(transpose)], (x,), (t,))
     _, ty = jax.jvp(lambda x: norm(x, gamma, beta), (x,), (t,))
     assert tq.dtype == code_dtype
-    np.testing.assert_array_equal(_bits(tq), _bits(ty.astype(code_dtype)))
+    np.testing.assert_array_equal(_bits(tq), _bits((ty.T if transpose else ty).astype(code_dtype)))
 
 
 def test_hidden_slice_path():
@@ -340,7 +345,7 @@ def test_hidden_slice_path():
         fused = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule)
 
         def run(x, g_, on):
-            y, _, _, _, qs, _ = prim.norm_fwd_fused(x, g_, g_, None, g, None, kind="rms", eps=1e-6,
+            y, _, _, _, qs, _, _ = prim.norm_fwd_fused(x, g_, g_, None, g, None, kind="rms", eps=1e-6,
                                                     zero_centered_gamma=False, has_gamma=True, has_beta=False,
                                                     fused=fused, on_hidden_slice=on)
             return y, qs
@@ -436,3 +441,172 @@ def test_mxfp8_scale_of_a_subnormal_quotient():
     rq, rs = quantize_blocks(np.asarray(jrn.rms_norm(x, gamma)), "mxfp8", E4M3, 32)
     np.testing.assert_array_equal(_bits(s), rs)
     np.testing.assert_array_equal(_bits(q), _bits(rq))
+
+
+# ---------------------------------------------------------------------------
+# the columnwise copy (transpose=True): the float32 y of all rows transposed
+# to (hidden, rows) and quantized along the rows in blocks of the same size
+
+# the formats' calls (_format_call): MXFP8 of either code dtype, NVFP4,
+# the per-group output with power-of-two and with float32 scales
+COLUMNWISE = ["mxfp8-e4m3", "mxfp8-e5m2", "nvfp4", "pow2-128", "float32-32"]
+
+
+def _group_reference(y, fmt, group, pow2, ub=np.inf):
+    """Per-group FP8 codes and float32 scales of float32 ``y`` along its last
+    axis: the scale rule (rounded up to a power of two with ``pow2``), then
+    ``saturate(y * (1 / scale))`` in float32."""
+    y = np.asarray(y, np.float32)
+    if pow2:
+        s = pow2_group_scales(y, fmt, group, ub)
+    else:
+        amax = np.max(np.abs(y.reshape(y.shape[:-1] + (-1, group))), -1)
+        s = ref_scales(amax, fmt, ub).astype(np.float32)
+    top = np.float32(FP8_MAX[np.dtype(fmt)])
+    mul = np.repeat(np.float32(1) / s, group, axis=-1)
+    return np.clip(y * mul, -top, top).astype(fmt), s
+
+
+def _format_call(name, kind, x, gamma, beta, g=None, transpose=True, **kw):
+    """(results of the call of format ``name`` (one of COLUMNWISE; NVFP4's
+    global scale ``g``), block, reference of float32 y along its last axis)."""
+    bb = beta if kind == "layer" else None
+    if name.startswith("mxfp8"):
+        fmt = E4M3 if name.endswith("e4m3") else E5M2
+        return (_mxfp8(kind, x, gamma, bb, out_dtype=fmt, transpose=transpose, **kw), 32,
+                lambda y: quantize_blocks(y, "mxfp8", fmt, 32))
+    if name == "nvfp4":
+        return (_nvfp4(kind, x, gamma, bb, global_scale=g, transpose=transpose, **kw), 16,
+                lambda y: quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=np.float32(g)))
+    group, pow2 = (128, True) if name == "pow2-128" else (32, False)
+    args = (x, gamma) if kind == "rms" else (x, gamma, bb)
+    fn = jrn.rms_norm_fp8_groupwise if kind == "rms" else jrn.layer_norm_fp8_groupwise
+    return (fn(*args, group_size=group, out_dtype=E5M2 if pow2 else E4M3, power_of_two_scales=pow2,
+               transpose=transpose, **kw), group,
+            lambda y: _group_reference(y, E5M2 if pow2 else E4M3, group, pow2))
+
+
+def _assert_codes(got, want):
+    """The same shapes and bits (the references' E8M0 scales are uint8)."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=dname)
+@pytest.mark.parametrize("name", COLUMNWISE)
+@pytest.mark.parametrize("kind", KINDS)
+def test_columnwise_bit_exact(kind, name, dtype):
+    shape = (2, 64, 128)  # 128 rows: whole blocks of 16, 32 and 128
+    key = case_key(("columnwise", kind, name, dname(dtype)))
+    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    gamma, beta = _params(kind, 128, dtype, key, spread=6)
+    # rows spread over binades too, so that the columns' blocks differ
+    x = x * jnp.exp2(jnp.round(random(key + 3, shape[:-1] + (1,), jnp.float32, scale=4.0))).astype(dtype)
+    y, _ = _kernel_y(kind, x, gamma, beta)
+    g = np.float32(np.abs(y).max() / (6 * 448))
+    (q, s, qt, st), block, ref = _format_call(name, kind, x, gamma, beta, g)
+    assert qt.shape == (128, 128) and st.shape == (128, 128 // block)
+    assert qt.dtype == q.dtype and st.dtype == s.dtype
+    want_t = ref(y.reshape(-1, 128).T)
+    np.testing.assert_array_equal(_bits(qt), _bits(want_t[0]))
+    np.testing.assert_array_equal(_bits(st), _bits(want_t[1]))
+    assert len(np.unique(_bits(st))) > 2  # the columns' blocks have scales of their own
+    _assert_codes((q, s), ref(y))  # the rowwise results as without the copy
+    # from y itself: not q's codes requantized (they differ somewhere)
+    q_from_codes = ref(np.asarray(q, np.float32).reshape(-1, 128).T)[0]
+    assert not np.array_equal(_bits(qt), _bits(q_from_codes))
+
+
+@pytest.mark.parametrize("name", ["mxfp8-e4m3", "nvfp4", "pow2-128"])
+def test_columnwise_nan_and_zero_columns(name):
+    # gamma's column 3 NaN and columns 64..79 zero: NaN and all-zero column blocks
+    x = random(17, (128, 128), jnp.float32, offset=0.5)
+    gamma = np.ones(128, np.float32)
+    gamma[3], gamma[64:80] = np.nan, 0.0
+    gamma = jnp.asarray(gamma)
+    y = np.asarray(jrn.rms_norm(x, gamma))
+    (_, _, qt, st), _, ref = _format_call(name, "rms", x, gamma, None, np.float32(0.01))
+    _assert_codes((qt, st), ref(y.T))
+    sv = np.asarray(st, np.float32)
+    assert np.isnan(sv[3]).all() and not np.isnan(np.delete(sv, 3, axis=0)).any()
+
+
+def test_columnwise_rows_refused():
+    x = jnp.ones((5, 8, 64), jnp.bfloat16)  # 40 rows
+    with pytest.raises(ValueError, match=r"x's rows \(the product of all but its last dim: 40\) must be a multiple "
+                                         r"of 32 for the columnwise copy"):
+        jrn.rms_norm_mxfp8(x, transpose=True)
+    with pytest.raises(ValueError, match=r"must be a multiple of 16 for the columnwise copy"):
+        jrn.layer_norm_nvfp4(jnp.ones((24, 64)), global_scale=1.0, transpose=True)
+    with pytest.raises(ValueError, match=r"must be a multiple of 128 for the columnwise copy"):
+        jrn.rms_norm_fp8_groupwise(jnp.ones((40, 128)), transpose=True)
+    with pytest.raises(TypeError, match="transpose must be a bool"):
+        jrn.rms_norm_mxfp8(x, transpose="yes")
+    q, s = jrn.rms_norm_mxfp8(x)  # without the copy: any rows
+    assert q.shape == x.shape
+
+
+@pytest.mark.parametrize("name", COLUMNWISE)
+def test_columnwise_vmap(name):
+    key = case_key(("columnwise_vmap", name))
+    x = random(key, (3, 32, 128), jnp.bfloat16, scale=2.0)
+    gammas = random(key + 1, (3, 128), jnp.float32, offset=1.0)
+    betas = random(key + 2, (3, 128), jnp.float32)
+    gs = jnp.asarray([1e-3, 2e-2, 0.5], jnp.float32)
+    x = jnp.concatenate([x] * 4, axis=1) if name == "pow2-128" else x  # 128 rows an example
+    one = lambda x, g, b, gs: _format_call(name, "layer", x, g, b, gs)[0]
+    outs = jax.vmap(one)(x, gammas, betas, gs)
+    assert outs[2].shape == (3, 128, x.shape[1])
+    for i in range(3):
+        _assert_codes([o[i] for o in outs], one(x[i], gammas[i], betas[i], gs[i]))
+
+
+@pytest.mark.parametrize("name", ["mxfp8-e4m3", "nvfp4"])
+def test_columnwise_residual(name):
+    key = case_key(("columnwise_res", name))
+    x = random(key, (64, 96 if name == "nvfp4" else 128), jnp.bfloat16)
+    r = random(key + 5, x.shape, jnp.float32)
+    gamma, beta = _params("rms", x.shape[-1], jnp.bfloat16, key)
+    q, s, h, qt, st = _format_call(name, "rms", x, gamma, beta, 1e-3, residual=r, h_dtype=jnp.float32)[0]
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(ref_add(x, r, jnp.float32)))
+    _assert_codes((q, s, qt, st), _format_call(name, "rms", h, gamma, beta, 1e-3)[0])
+
+
+def test_columnwise_fits_scaled_matmul():
+    # The weight gradient dW = x_n^T @ dy contracts over the rows: the two
+    # tensors' columnwise copies, (batch, hidden, rows), are the operands
+    # jax.nn.scaled_matmul takes.
+    a = random(1, (2, 64, 64), jnp.bfloat16)
+    b = random(2, (2, 64, 96), jnp.bfloat16)
+    for run, kw in ((jrn.rms_norm_mxfp8, {}), (jrn.rms_norm_mxfp8, dict(out_dtype=E5M2)),
+                    (jrn.rms_norm_nvfp4, dict(global_scale=1.0))):
+        (_, _, qa, sa), (_, _, qb, sb) = (jax.vmap(lambda v: run(v, transpose=True, **kw))(v) for v in (a, b))
+        out = jax.eval_shape(jax.nn.scaled_matmul, qa, qb, sa, sb)
+        assert out.shape == (2, 64, 96)
+
+
+def test_columnwise_sharded_jit_and_empty():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices("cpu")[:4])
+    x = random(13, (64, 128), jnp.bfloat16, scale=2.0)
+    g = random(14, (128,), jnp.float32, offset=1.0)
+    for fn in (lambda x, g: jrn.rms_norm_mxfp8(x, g, transpose=True),
+               lambda x, g: jrn.layer_norm_nvfp4(x, g, g, global_scale=0.01, transpose=True)):
+        f = jax.jit(fn)
+        want = f(x, g)
+        for spec in (P("data", None), P(None, "model")):  # each tensor's rows are gathered for the copy
+            got = f(jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(g, NamedSharding(mesh, P(spec[1]))))
+            _assert_codes(got[2:], want[2:])
+    q, s, qt, st = jrn.rms_norm_mxfp8(jnp.zeros((0, 64), jnp.bfloat16), transpose=True)
+    assert qt.shape == (64, 0) and st.shape == (64, 0) and st.dtype == np.dtype(jnp.float8_e8m0fnu)
+
+
+@pytest.mark.parametrize("call", [lambda x: jrn.rms_norm_mxfp8(x, transpose=True),
+                                  lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=32, transpose=True)])
+def test_columnwise_gpu_lowering_refused(call):
+    x = jnp.ones((64, 64), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match="columnwise copy .* has no CUDA kernel yet"):
+        jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))

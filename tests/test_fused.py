@@ -136,7 +136,7 @@ def test_add_norm_hidden_slice_path(kind, dtype, shape, platform):
         fused = prim.FusedSpec(residual=True, h_dtype=np.dtype(h_dtype))
 
         def run(x, r, g, b):
-            y, _, _, h, _, _ = prim.norm_fwd_fused(
+            y, _, _, h, _, _, _ = prim.norm_fwd_fused(
                 x, g, b, r, None, None, kind=kind, eps=EPS[kind], zero_centered_gamma=False, has_gamma=True,
                 has_beta=kind == "layer", fused=fused, on_hidden_slice="cuda" if platform == "gpu" else "cpu")
             return y, h
@@ -840,7 +840,7 @@ def test_fp8_hidden_slice_path(kind, dtype, quant, group, shape, platform):
     scale = np.float32(37.5)
 
     def run(x, g, b):
-        y, _, _, _, qs, _ = prim.norm_fwd_fused(
+        y, _, _, _, qs, _, _ = prim.norm_fwd_fused(
             x, g, b, None, jnp.asarray(scale), None, kind=kind, eps=EPS[kind], zero_centered_gamma=False,
             has_gamma=True, has_beta=kind == "layer", fused=fused, on_hidden_slice="cuda" if platform == "gpu" else "cpu")
         return y, qs

@@ -229,6 +229,25 @@ inline void quantize_nvfp4(const float* y, int64_t n, double g, uint8_t* q, uint
   for (int64_t i = 0; i < n; i += 2) q[i / 2] = static_cast<uint8_t>(code(i) | (code(i + 1) << 4));
 }
 
+// One group of n values v of per-group output (Quant::kGroup), by
+// a.group_scale's rule: its codes into q (NVFP4: n / 2 bytes, two codes a
+// byte) and its scale into *fscale (float32 rules) or *bscale (block-scaled).
+// g: NVFP4's exact global scale. The rowwise output and the columnwise copy
+// both quantize through here.
+inline void quantize_group(const FwdArgs& a, const float* v, int64_t n, uint8_t* q, float* fscale, uint8_t* bscale,
+                           double g) {
+  if (a.group_scale == GroupScale::kE8M0) {
+    quantize_mxfp8(v, n, a.fp8, q, bscale);
+  } else if (a.group_scale == GroupScale::kNvfp4) {
+    quantize_nvfp4(v, n, g, q, bscale);
+  } else {
+    float s = quant_scale(abs_max(v, n), a.fp8, a.scale_ub);
+    if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
+    *fscale = s;
+    quantize_n(v, n, 1.f / s, a.fp8, q);
+  }
+}
+
 // max that keeps a NaN of either side.
 inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
@@ -501,13 +520,16 @@ struct CpuKernels {
     std::vector<int64_t> ends(per_tensor ? 2 * chunks : 0, -1);  // a chunk's first and last tensor
     std::vector<float> end_amax(ends.size(), 0.f);
     auto finish = [&](float m) { return current ? quant_scale(m, a.fp8, a.scale_ub) : m; };
+    // Per-group output's columnwise copy is quantized from y's float32 rows, kept here.
+    const bool columns = a.quant == Quant::kGroup && a.qt;
+    std::vector<float> y_rows(columns ? static_cast<size_t>(a.shape.rows * H) : 0);
     // One pass over the rows; current scaling takes two: the first merges each
     // tensor's amax (and stores h and the statistics), then amax becomes
     // scale_inv, then the second quantizes.
     auto pass = [&](bool second) {
       run_chunks(pool, a.shape.rows, chunks, [&](int64_t c, int64_t r0, int64_t r1) {
         if (!per_tensor || second || r1 <= r0) {
-          rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, nullptr, 0);
+          rows_fwd<K, T, P>(a, fp8_value, r0, r1, second, nullptr, 0, y_rows.empty() ? nullptr : y_rows.data());
           return;
         }
         const int64_t t0 = a.tensor_of(r0), t1 = a.tensor_of(r1 - 1);
@@ -539,14 +561,16 @@ struct CpuKernels {
     }
     if (current) pass(true);
     if (current && a.qt) transpose_bytes(pool, a.y, a.qt, a.tensors, a.rows_per_tensor(), H);
+    if (columns) quantize_columns(pool, a, y_rows.data());
     return ffi::Error::Success();
   }
 
   // Rows [r0, r1) of the forward; `amax` (per-tensor FP8) is this chunk's,
-  // amax[t - t0] for tensor t.
+  // amax[t - t0] for tensor t. `keep` (per-group output): where y's float32
+  // rows go too, rows x H.
   template <NormKind K, class T, class P>
   static void rows_fwd(const FwdArgs& a, const float* fp8_value, int64_t r0, int64_t r1, bool second,
-                       float* amax, int64_t t0) {
+                       float* amax, int64_t t0, float* keep = nullptr) {
     const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
     const T* x = static_cast<const T*>(a.x);
     const bool current = a.quant == Quant::kCurrent, per_tensor = a.tensor_amax();
@@ -631,8 +655,7 @@ struct CpuKernels {
         const float m = abs_max(out.data() + c0, n);
         float mul = given_mul;
         if (scale_out) {
-          float s = quant_scale(m, a.fp8, a.scale_ub);
-          if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
+          const float s = quant_scale(m, a.fp8, a.scale_ub);
           *scale_out = s;
           mul = 1.f / s;
         }
@@ -651,21 +674,45 @@ struct CpuKernels {
         }
       } else if (a.quant == Quant::kRow) {
         quantize(0, H, a.qscale + r, 0.f);
-      } else if (a.block_scales) {  // MXFP8 / NVFP4
+      } else {  // per group
         const int64_t G = a.group_size, per_row = H / G;
-        uint8_t* bs = a.block_scales + r * per_row;
-        if (a.group_scale == GroupScale::kE8M0) {
-          for (int64_t c = 0; c < per_row; ++c) quantize_mxfp8(out.data() + c * G, G, a.fp8, q + c * G, bs + c);
-        } else {
-          const double g = f32_exact(float_bits(a.scale[a.tensor_of(r)]));
-          uint8_t* q4 = static_cast<uint8_t*>(a.y) + r * H / 2;  // two codes a byte (H is even)
-          for (int64_t c = 0; c < per_row; ++c) quantize_nvfp4(out.data() + c * G, G, g, q4 + c * G / 2, bs + c);
+        const bool fp4 = a.group_scale == GroupScale::kNvfp4;  // two codes a byte (H is even)
+        const double g = fp4 ? f32_exact(float_bits(a.scale[a.tensor_of(r)])) : 0.0;
+        uint8_t* qr = static_cast<uint8_t*>(a.y) + (fp4 ? r * H / 2 : r * H);
+        for (int64_t c = 0; c < per_row; ++c) {
+          const int64_t i = r * per_row + c;
+          quantize_group(a, out.data() + c * G, G, qr + (fp4 ? c * G / 2 : c * G), a.qscale ? a.qscale + i : nullptr,
+                         a.block_scales ? a.block_scales + i : nullptr, g);
         }
-      } else {
-        const int64_t G = a.group_size, per_row = H / G;
-        for (int64_t c = 0; c < per_row; ++c) quantize(c * G, G, a.qscale + r * per_row + c, 0.f);
       }
+      if (keep) std::copy(out.begin(), out.end(), keep + r * H);
     }
+  }
+
+  // Per-group output's columnwise copy from y (float32, rows x H, all
+  // tensors' rows): each tensor's y transposed to (H, rows per tensor) and
+  // quantized along its rows in groups, into a.qt and a.qt_scales. Threads
+  // take runs of the tensors' columns.
+  static void quantize_columns(ffi::ThreadPool& pool, const FwdArgs& a, const float* y) {
+    const int64_t H = a.shape.hidden, R = a.rows_per_tensor(), G = a.group_size, per_col = R / G;
+    const bool fp4 = a.group_scale == GroupScale::kNvfp4, block = a.block_scales != nullptr;
+    const int64_t columns = (a.tensors <= 1 ? 1 : a.tensors) * H;
+    const int64_t grain = row_grain(R);  // columns of R values, as rows are of H
+    run_chunks(pool, columns, chunk_count(pool, columns, grain), [&](int64_t, int64_t k0, int64_t k1) {
+      std::vector<float> v(static_cast<size_t>(G));
+      for (int64_t k = k0; k < k1; ++k) {  // column k % H of tensor k / H
+        const int64_t t = k / H, c = k % H;
+        const double g = fp4 ? f32_exact(float_bits(a.scale[t])) : 0.0;
+        for (int64_t b = 0; b < per_col; ++b) {
+          const float* src = y + (t * R + b * G) * H + c;
+          for (int64_t j = 0; j < G; ++j) v[j] = src[j * H];
+          const int64_t e = k * R + b * G, i = k * per_col + b;  // first code, scale
+          quantize_group(a, v.data(), G, static_cast<uint8_t*>(a.qt) + (fp4 ? e / 2 : e),
+                         block ? nullptr : static_cast<float*>(a.qt_scales) + i,
+                         block ? static_cast<uint8_t*>(a.qt_scales) + i : nullptr, g);
+        }
+      }
+    });
   }
 
   // dgamma/dbeta: a group's rows are cut into blocks of consecutive rows, as
