@@ -146,6 +146,28 @@ def param_spec(path, leaf):
     return P()
 
 
+def optimizer(steps, lr):
+    """AdamW with a warm-up and cosine decay over `steps`."""
+    warmup = min(20, steps // 4)
+    return optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)), weight_decay=0.01)
+
+
+def train_step(apply, opt):
+    """A jitted step of `opt` on the next-token loss of `apply(params, tokens)`:
+    (params, opt_state, tokens) -> (params, opt_state, loss)."""
+    def loss_fn(params, tokens):
+        logits = apply(params, tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    @jax.jit
+    def step(params, opt_state, tokens):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300)
@@ -165,9 +187,7 @@ def train(args, devices):
     mesh = parse_mesh(args.mesh, devices)
     data = corpus(200_000)
     model = Llama(cfg)
-    warmup = min(20, args.steps // 4)
-    opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, warmup + 1)),
-                      weight_decay=0.01)
+    opt = optimizer(args.steps, args.lr)
 
     params = model.init(jax.random.key(0), jnp.zeros((1, cfg.seq), jnp.int32))
     if mesh is not None:
@@ -175,16 +195,7 @@ def train(args, devices):
         params = jax.device_put(params, shardings)
         batch_sharding = NamedSharding(mesh, P("data", None))
     opt_state = opt.init(params)
-
-    def loss_fn(params, tokens):
-        logits = model.apply(params, tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    @jax.jit
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    step = train_step(model.apply, opt)
 
     rng = np.random.default_rng(1)
     t0, first, loss = time.perf_counter(), None, None

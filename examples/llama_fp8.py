@@ -34,10 +34,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
-import optax
 
 import jax_rmsnorm as jrn
-from llama import Config, corpus, rope
+from llama import Config, corpus, optimizer, rope, train_step
 
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = float(jnp.finfo(E4M3).max)
@@ -188,21 +187,10 @@ def _scaled_matmul_runs(device):
 def train(args, device):
     cfg = Config()
     data = corpus(200_000)
-    warmup = min(20, args.steps // 4)
-    opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, warmup + 1)),
-                      weight_decay=0.01)
+    opt = optimizer(args.steps, args.lr)
     params = init(cfg, jax.random.key(0))
     opt_state = opt.init(params)
-
-    def loss_fn(params, tokens):
-        logits = forward(cfg, args.recipe, args.norm, params, tokens[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    @jax.jit
-    def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    step = train_step(lambda p, tokens: forward(cfg, args.recipe, args.norm, p, tokens), opt)
 
     rng = np.random.default_rng(1)
     times, first, loss = [], None, None
