@@ -44,12 +44,12 @@ constexpr float kFp4Max = 6.f;
 constexpr uint8_t kE8M0Nan = 0xff, kE4M3Nan = 0x7f;
 
 // float32 bits of a value and back, on the host and the device.
-JRN_HOST_DEVICE inline uint32_t f32_bits(float v) {
+JRN_HOST_DEVICE inline uint32_t float_bits(float v) {
   uint32_t u;
   memcpy(&u, &v, 4);
   return u;
 }
-JRN_HOST_DEVICE inline float f32_from_bits(uint32_t u) {
+JRN_HOST_DEVICE inline float bits_float(uint32_t u) {
   float v;
   memcpy(&v, &u, 4);
   return v;
@@ -58,9 +58,9 @@ JRN_HOST_DEVICE inline float f32_from_bits(uint32_t u) {
 // kPow2: a scale (> 0) rounded up to a power of two: the exponent, plus one
 // where mantissa bits are set; infinity and NaN as they are.
 JRN_HOST_DEVICE inline float pow2_ceil(float s) {
-  const uint32_t u = f32_bits(s);
+  const uint32_t u = float_bits(s);
   if ((u & 0x7f800000u) == 0x7f800000u || (u & 0x7fffffu) == 0) return s;
-  return f32_from_bits((u & 0xff800000u) + 0x800000u);
+  return bits_float((u & 0xff800000u) + 0x800000u);
 }
 
 // kE8M0: the E8M0 byte of a block whose float32 amax / fp8_max (finite,

@@ -31,16 +31,6 @@
 
 namespace jrn::cpu {
 
-inline uint32_t float_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-inline float bits_float(uint32_t u) {
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
 // c ? a : b by masks, for the conversions below: GCC turns a conditional
 // whose arm holds a floating-point operation (one that could trap) into a
 // branch, and a loop with a branch does not vectorize.
