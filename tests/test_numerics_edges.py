@@ -28,8 +28,6 @@ def _shapes(shapes):
 
 
 def _skip_large_on_cpu(platform, shape):
-    if platform == "gpu":
-        pytest.skip("the GPU kernels' edge numerics are on branch issue-110-gpu, not yet run on a GPU")
     if platform == "cpu" and tuple(shape) not in CPU_SHAPES:
         pytest.skip("one CPU kernel for every shape: the small shapes cover it")
 

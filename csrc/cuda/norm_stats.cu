@@ -103,7 +103,12 @@ __global__ void __launch_bounds__(kThreads) x_stats(StatsArgs a) {
     load_row(p * VEC, v);
     // h stored, and v rounded to it: its statistics are those of h as stored.
     if constexpr (ADD) store_pack_as<VEC, T>(a.h, a.h_f32, row * H + p * VEC, v);
-    add_shifted_sums<M>(acc, v, shift);
+    if constexpr (kLayer) {
+      add_row_sums<K>(acc, v, shift);
+    } else {  // the float32 partial sum the caller combines (inf past float32)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[0] += v[j] * v[j];
+    }
   }
   row_sum_lead<M>(acc, smem);
   if (!valid || threadIdx.x != 0) return;
@@ -188,8 +193,8 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
     if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
     atomic_abs_max(a.amax + a.tensor_of(row), row_max);
   };
-  float acc[2] = {};  // RMSNorm: sum(x^2), max |x * scale|; LayerNorm: the shifted sums
   if constexpr (K == NormKind::kRms) {
+    float acc[3] = {};  // the pair of sums of squares, max |x * scale|
     if (valid) {
       each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto w, int64_t c) {
         float v[decltype(n)::value];
@@ -197,10 +202,21 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
         add_sq_scaled_max<decltype(n)::value, decltype(w)::value>(acc, v, gamma, c, zc);
       });
     }
-    row_sum<2, SumAbsMaxOp, true>(acc, smem);
+    acc[1] = scaled_sq_of(acc[0], [&] {
+      float s = 0.f;
+      if (valid) {
+        each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto, int64_t c) {
+          float v[decltype(n)::value];
+          load_pack<decltype(n)::value>(x + c, v);
+          add_scaled_sq(s, v);
+        });
+      }
+      return s;
+    });
+    row_sum<3, SqMaxOp, true>(acc, smem);
     if (valid && threadIdx.x == 0) {
-      const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
-      finish(0.f, rstd, max_abs(0.f, rstd * acc[1]));
+      const float rstd = rms_rstd(acc[0], acc[1], a.eps, H);
+      finish(0.f, rstd, max_abs(0.f, rstd * acc[2]));
     }
   } else {
     const float shift = valid ? layer_shift([&](int64_t c) {
@@ -208,11 +224,12 @@ __global__ void __launch_bounds__(kThreads) x_amax(FwdArgs a) {
       load_pack<1>(x + c, v);
       return v[0];
     }, H) : 0.f;
+    float acc[2] = {};  // the shifted sums
     if (valid) {
       each_piece<VEC, CUT>(row * H, H, gamma, beta, [&](auto n, auto, int64_t c) {
         float v[decltype(n)::value];
         load_pack<decltype(n)::value>(x + c, v);
-        add_shifted_sums<2>(acc, v, shift);
+        add_row_sums<K>(acc, v, shift);
       });
     }
     row_sum<2>(acc, smem);

@@ -211,10 +211,14 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
     return plan;
   }
   // Wide rows with a residual (rows enough) or with given statistics: two
-  // passes, each at about a copy's speed.
+  // passes, each at about a copy's speed. Not float32 LayerNorm's own
+  // statistics: they would reach fwd_apply as a float32 mean, whose rounding
+  // costs rows far from zero their accuracy (RowMean in norm_math.cuh).
   if (two_pass_exists(k) && nvec > cta_vecs && p.rows > 0 && !p.no_output) {
+    const bool exact_mean = p.kind == NormKind::kLayer && p.x == DType::kF32;
     const bool two = p.given_stats ? p.quant != Quant::kRow && !p.residual
-                                   : p.residual && !p.residual_f32 && !p.h_f32 && d.sms > 0 && p.rows >= 2 * static_cast<int64_t>(d.sms);
+                                   : p.residual && !p.residual_f32 && !p.h_f32 && !exact_mean && d.sms > 0 &&
+                                         p.rows >= 2 * static_cast<int64_t>(d.sms);
     if (two) {
       plan.kernel = FwdKernel::kTwoPass;
       plan.rule = "two-pass-fits";

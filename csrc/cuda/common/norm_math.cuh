@@ -229,22 +229,89 @@ __device__ __forceinline__ float layer_shift(Elem&& elem, int64_t hidden) {
   return median3(elem(0), elem(hidden / 2), elem(hidden - 1));
 }
 
-// A row's sums around `shift` (layer_shift; 0 for RMSNorm), d = v - shift:
-// M = 1, sum(d^2); M = 2 (LayerNorm), sum(d) then sum(d^2).
-template <int M, int N>
-__device__ __forceinline__ void add_shifted_sums(float (&acc)[M], const float (&v)[N], float shift) {
+// ---- RMSNorm's sum of squares, to the float32 maximum. The square of an
+// |x| of 2^64 or more overflows float32, so a row's sum of squares is kept
+// as a pair {sum(x^2), sum((x * 2^-80)^2)}: the second is finite for any
+// float32 row, and rms_rstd takes it where the first overflowed. The loops
+// over a row take the first alone; each thread then derives its second
+// (scaled_sq_of) before the pair is reduced as two sums.
+constexpr float kSqScale = 0x1p-80f;
+// A thread's scaled sum from its plain one: that times 2^-160 while it is
+// finite (flushing to zero where it cannot count next to a row's sum of at
+// least 2^128), else `again()`, the thread's values summed again by
+// add_scaled_sq (rare: values past 2^64 only).
+template <class Again>
+__device__ __forceinline__ float scaled_sq_of(float plain, Again again) {
+  return plain <= 3.402823466e38f ? plain * kSqScale * kSqScale : again();
+}
+template <int N>
+__device__ __forceinline__ void add_scaled_sq(float& sum, const float (&v)[N]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) {
-    const float d = v[j] - shift;
-    acc[M - 1] += d * d;
-    if constexpr (M == 2) acc[0] += d;
+    const float t = v[j] * kSqScale;
+    sum += t * t;
+  }
+}
+// rstd = rsqrt(ss / n + eps) from a row's pair, ss / n formed by `per_n`
+// (a division or a multiplication by 1 / n, as the kernel forms it). Past
+// 2^126 the RMS leaves rstd subnormal (y keeps about 22 bits there).
+template <class PerN>
+__device__ __forceinline__ float rms_rstd(float plain, float scaled, float eps, PerN per_n) {
+  if (plain <= 3.402823466e38f) return rsqrtf(per_n(plain) + eps);  // finite (NaN goes on to the pair's other)
+  return rsqrtf(per_n(scaled) + eps * kSqScale * kSqScale) * kSqScale;
+}
+__device__ __forceinline__ float rms_rstd(float plain, float scaled, float eps, int64_t n) {
+  return rms_rstd(plain, scaled, eps, [&](float s) { return s / static_cast<float>(n); });
+}
+
+// ---- A row's two sums (every kernel reduces both): LayerNorm's around
+// `shift` (layer_shift), d = v - shift, {sum(d), sum(d^2)}; RMSNorm's
+// sum(v^2) into acc[0] (acc[1] is its scaled twin, scaled_sq_of; `shift`
+// unused).
+template <NormKind K, int N>
+__device__ __forceinline__ void add_row_sums(float (&acc)[2], const float (&v)[N], float shift) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    if constexpr (K == NormKind::kLayer) {
+      const float d = v[j] - shift;
+      acc[1] += d * d;
+      acc[0] += d;
+    } else {
+      acc[0] += v[j] * v[j];
+    }
   }
 }
 
-// RMSNorm's sum of squares of N columns from `col`, acc[0] += sum(v^2), and
-// their v * scale (scale as load_scale; W < N: parameters aligned to W
-// elements only, load_scale_by) in `scaled`, for a caller that keeps it (y =
-// rstd * scaled). Other values of acc are left alone.
+// LayerNorm's mean as base + rest: `base` near the row's values (an element
+// of the row, or a slice's mean), `rest` the mean of x - base, both kept.
+// float32 x is centred in two steps, (x - base) - rest: x - base is exact
+// where x lies within a factor of two of base, so rows far from zero lose
+// nothing to the mean's rounding (a float32 mean is off by up to half its
+// ulp: 0.03 at 1e6, against an ulp of 1e-7 in the centred values of unit
+// spread). 16-bit x carry far more rounding of their own: one subtraction.
+struct RowMean {
+  float base = 0.f, rest = 0.f;
+  __device__ __forceinline__ float value() const { return base + rest; }
+};
+// The first step (float32 x): v -= base; the mean the second step takes
+// (centred_mean) is then rest, else the whole mean.
+template <class T, int N>
+__device__ __forceinline__ void centre_base(float (&v)[N], RowMean m) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] -= m.base;
+  }
+}
+template <class T>
+__device__ __forceinline__ float centred_mean(RowMean m) {
+  return sizeof(T) == 4 ? m.rest : m.value();
+}
+
+// RMSNorm's sum of squares of N columns from `col`, acc[0] += sum(v^2)
+// (acc[1] its scaled twin, scaled_sq_of), and their v * scale (scale as load_scale; W < N:
+// parameters aligned to W elements only, load_scale_by) in `scaled`, for a
+// caller that keeps it (y = rstd * scaled). Other values of acc are left
+// alone.
 template <int N, int W = N, int M, class P>
 __device__ __forceinline__ void add_sq_scaled(float (&acc)[M], const float (&v)[N], const P* gamma, int64_t col,
                                               bool zero_centered, float (&scaled)[N]) {
@@ -262,19 +329,20 @@ __device__ __forceinline__ void add_sq_scaled(float (&acc)[M], const float (&v)[
 }
 
 // RMSNorm's row sums where the row's FP8 scale or amax is found with them:
-// acc[0] += sum(v^2), acc[1] = max(acc[1], |v * scale|) for the N columns
-// from `col` (scale as add_sq_scaled). rstd > 0 is common to the row, so max
-// |y| = rstd * acc[1] once both are reduced (SumAbsMaxOp). `scaled` receives
-// v * scale, for a caller that keeps it (y = rstd * scaled).
+// acc[0] += sum(v^2) (acc[1] its scaled twin) and acc[2] = max(acc[2], |v * scale|) for the N
+// columns from `col` (scale as add_sq_scaled), reduced with SqMaxOp. rstd > 0
+// is common to the row, so max |y| = rstd * acc[2] once all are reduced.
+// `scaled` receives v * scale, for a caller that keeps it (y = rstd * scaled).
+using SqMaxOp = SumsAbsMaxOp<2>;
 template <int N, int W = N, class P>
-__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
+__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[3], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered, float (&scaled)[N]) {
   add_sq_scaled<N, W>(acc, v, gamma, col, zero_centered, scaled);
 #pragma unroll
-  for (int j = 0; j < N; ++j) acc[1] = max_abs(acc[1], scaled[j]);
+  for (int j = 0; j < N; ++j) acc[2] = max_abs(acc[2], scaled[j]);
 }
 template <int N, int W = N, class P>
-__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const P* gamma,
+__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[3], const float (&v)[N], const P* gamma,
                                                   int64_t col, bool zero_centered) {
   float scaled[N];
   add_sq_scaled_max<N, W>(acc, v, gamma, col, zero_centered, scaled);
@@ -282,14 +350,14 @@ __device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (
 
 // The same from a held pack of gamma (has_gamma: it is given).
 template <int N, class P>
-__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[2], const float (&v)[N], const Pack<P, N>& gamma,
+__device__ __forceinline__ void add_sq_scaled_max(float (&acc)[3], const float (&v)[N], const Pack<P, N>& gamma,
                                                   bool has_gamma, bool zero_centered) {
   float s[N];
   effective_scale<N>(has_gamma, zero_centered, [&](float (&g)[N]) { unpack(gamma, g); }, s);
 #pragma unroll
   for (int j = 0; j < N; ++j) {
     acc[0] += v[j] * v[j];
-    acc[1] = max_abs(acc[1], v[j] * s[j]);
+    acc[2] = max_abs(acc[2], v[j] * s[j]);
   }
 }
 

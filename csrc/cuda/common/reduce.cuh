@@ -55,11 +55,11 @@ __device__ __forceinline__ void atomic_abs_max(float* p, float v, float seen) {
 // A block is (threads_per_row, rows_per_block). Threads of one row are
 // consecutive lanes (threads_per_row <= 32) or whole warps (> 32).
 // row_sum<M> sums M values at once, so LayerNorm pays one barrier pair for two
-// sums. `smem` holds kRowSumSmem floats (one per warp of the block and value).
+// sums (and RMSNorm for its pair of sums of squares and a max). `smem` holds kRowSumSmem floats (one per warp of the block and value).
 // Every thread of the block must call it (it may contain __syncthreads).
 
 constexpr int kMaxBlockWarps = 32;
-constexpr int kRowSumSmem = kMaxBlockWarps * 2;
+constexpr int kRowSumSmem = kMaxBlockWarps * 3;
 
 // Op (default: sum) combines two values; row_sum<M, AbsMaxOp> takes row maxima.
 template <int M, class Op = SumOp>

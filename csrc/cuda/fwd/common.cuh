@@ -139,6 +139,17 @@ __device__ __forceinline__ float center_held(float (&v)[ITEMS][VEC], const bool 
   return ss;
 }
 
+// The held packs centred on a RowMean: float32 x in two subtractions,
+// 16-bit x in one (RowMean says why).
+template <class T, int ITEMS, int VEC>
+__device__ __forceinline__ void center_held_on(float (&v)[ITEMS][VEC], const bool (&in)[ITEMS], RowMean mean) {
+  if constexpr (sizeof(T) == 4) {
+    center_held(v, in, mean.base);
+    center_held(v, in, mean.rest);
+  } else {
+    center_held(v, in, mean.value());
+  }
+}
 
 }  // namespace
 }  // namespace jrn::cuda

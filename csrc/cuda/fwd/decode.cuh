@@ -37,7 +37,6 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   using DecodeResid = plan::DecodeResidual;
   early_launch_wait();  // launched by launch_early: before any global memory access
   using V = Pack<T, VEC>;
-  constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   __shared__ float smem[kRowSumSmem];
   const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
   const int row = static_cast<int>(blockIdx.x);
@@ -94,7 +93,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
   // Two chains of dependent adds (even and odd packs), added at the end:
   // half the latency of one. (One a pack spilled the float32 LayerNorm
   // instance of four packs at 64 registers.)
-  float sums[2][kSums] = {};
+  float sums[2][2] = {};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
@@ -113,44 +112,55 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_decode(FwdArgs a) {
           round_as<VEC, T>(h_f32, v[i]);
         }
       }
-      add_shifted_sums<kSums>(sums[i % 2], v[i], shift);
+      add_row_sums<K>(sums[i % 2], v[i], shift);
     }
   }
-  float acc[kSums];
+  float acc[2];
 #pragma unroll
-  for (int m = 0; m < kSums; ++m) acc[m] = sums[0][m] + sums[1][m];
-  row_sum_wide<kSums>(acc, smem);
-  float mean = 0.f, rstd;
-  if constexpr (K == NormKind::kLayer) {
-    const float2 mm = shifted_mean_m2_of(acc, shift, acc[0] * inv_h);
-    mean = mm.x;
-    rstd = rsqrtf(mm.y * inv_h + eps);
-  } else {
-    rstd = rsqrtf(acc[0] * inv_h + eps);
+  for (int m = 0; m < 2; ++m) acc[m] = sums[0][m] + sums[1][m];
+  if constexpr (K == NormKind::kRms) {
+    acc[1] = scaled_sq_of(acc[0], [&] {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) add_scaled_sq(s, v[i]);  // zeros past the row
+      return s;
+    });
   }
+  row_sum_wide<2>(acc, smem);
+  RowMean mean;
+  float rstd;
+  if constexpr (K == NormKind::kLayer) {
+    const float m1 = acc[0] * inv_h;
+    mean = {shift, m1};
+    rstd = rsqrtf(shifted_mean_m2_of(acc, shift, m1).y * inv_h + eps);
+  } else {
+    rstd = rms_rstd(acc[0], acc[1], eps, [&](float s) { return s * inv_h; });
+  }
+  const float centred = centred_mean<T>(mean);  // after centre_base
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (mine[i]) {
+      if constexpr (K == NormKind::kLayer) centre_base<T>(v[i], mean);
       if constexpr (PLAIN) {  // gamma (and beta) given, not zero-centred
         float g[VEC];
         unpack(gv[i], g);
         if constexpr (K == NormKind::kLayer) {
           float b[VEC];
           unpack(bv[i], b);
-          scale_shift_plain<(sizeof(T) < 4)>(v[i], mean, rstd, g, b);
+          scale_shift_plain<(sizeof(T) < 4)>(v[i], centred, rstd, g, b);
         } else {
           scale_plain(v[i], rstd, g);
         }
       } else {
         const V g = gv[i], b = bv[i];
-        scale_shift_packs<VEC>(v[i], mean, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+        scale_shift_packs<VEC>(v[i], centred, rstd, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
       }
       store_pack<VEC>(y + pack(i) * VEC, v[i]);
     }
   }
   if (threadIdx.x == 0 && part == 0) {
     rstd_out[row] = rstd;
-    if constexpr (K == NormKind::kLayer) mean_out[row] = mean;
+    if constexpr (K == NormKind::kLayer) mean_out[row] = mean.value();
   }
 }
 

@@ -51,18 +51,36 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_fp8_regs(FwdArgs a) {
     row_sum<1>(sum, smem);
     mean = sum[0] / static_cast<float>(H);
   }
-  float ss[1] = {0.f};
+  // The sum of squares about the mean (RMSNorm: and its scaled twin, scaled_sq_of).
+  constexpr int kSq = K == NormKind::kLayer ? 1 : 2;
+  float sq[kSq] = {};
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     if (column(i) < H) {
       float f[V];
       decode(i, f);
 #pragma unroll
-      for (int j = 0; j < V; ++j) ss[0] += (f[j] - mean) * (f[j] - mean);
+      for (int j = 0; j < V; ++j) {
+        sq[0] += (f[j] - mean) * (f[j] - mean);  // RMSNorm: mean 0
+      }
     }
   }
-  row_sum<1>(ss, smem);
-  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  if constexpr (kSq == 2) {
+    sq[kSq - 1] = scaled_sq_of(sq[0], [&] {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) {
+        if (column(i) < H) {
+          float f[V];
+          decode(i, f);
+          add_scaled_sq(s, f);
+        }
+      }
+      return s;
+    });
+  }
+  row_sum<kSq>(sq, smem);
+  const float rstd = kSq == 1 ? rsqrtf(sq[0] / static_cast<float>(H) + a.eps) : rms_rstd(sq[0], sq[kSq - 1], a.eps, H);
   if (!valid) return;
   const int64_t poff = a.shape.param_offset(row);
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;

@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
   const int cluster = EARLY ? 1 : cluster_arg;
   __shared__ float smem[kRowSumSmem];
   __shared__ float xchg[2][1];
-  __shared__ float xchg2[1][2];  // LayerNorm's one-pass sums across a cluster
+  __shared__ float xpair[2][2];  // LayerNorm's one-pass sums across a cluster
+  __shared__ float xsq[2][K == NormKind::kLayer && sizeof(T) < 4 ? 1 : 2];  // the two passes' (kSq)
   const int64_t H = a.shape.hidden;
   // With clusters, CTA `rank` of the cluster holds vectors [rank * slice, (rank + 1) * slice).
   // Columns are ints (hidden < 2^31, checked by the handlers): 64-bit column
@@ -108,14 +109,17 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
   // and x * scale stays in v for the output.
   if constexpr (P32 && K == NormKind::kRms && Q == Quant::kRow) {
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + a.shape.param_offset(row) : nullptr;
-    float acc[2] = {0.f, 0.f};
+    float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) add_sq_scaled_max<VEC>(acc, v[i], gamma, column(i), a.zero_centered, v[i]);
+      if (in[i]) {
+        add_scaled_sq(acc[1], v[i]);  // here, as v becomes x * scale
+        add_sq_scaled_max<VEC>(acc, v[i], gamma, column(i), a.zero_centered, v[i]);
+      }
     }
-    row_sum<2>(acc, smem, SumAbsMaxOp{});
-    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
-    const float scale = quant_scale(rstd * acc[1], a.fp8, a.scale_ub);
+    row_sum<3>(acc, smem, SqMaxOp{});
+    const float rstd = rms_rstd(acc[0], acc[1], a.eps, H);
+    const float scale = quant_scale(rstd * acc[2], a.fp8, a.scale_ub);
     const float inv = 1.f / scale;
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
@@ -144,21 +148,49 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
   constexpr bool kLayerOnePass = K == NormKind::kLayer && (std::is_same_v<T, P> || P32);
   const bool two_passes =
       !kLayerOnePass || (!EARLY && a.residual) || blockDim.x < (P32 ? kP32RowThreads : kOnePassMinThreads);
-  float mean = 0.f;
-  float ss[1];
+  // What the passes leave: the held packs centred (LayerNorm), the row's
+  // mean, and sq[0], its sum of squares (RMSNorm: and its scaled twin,
+  // scaled_sq_of; LayerNorm's two passes of float32 x: and the residue).
+  constexpr int kSq = K == NormKind::kLayer && sizeof(T) < 4 ? 1 : 2;
+  RowMean mean;
+  float sq[kSq] = {};
   if (two_passes) {
     if constexpr (K == NormKind::kLayer) {
+      // The mean of the row's sum, then in one reduction its squares and
+      // (float32 x) the residue of the row centred on it: centred again on
+      // the residue, the row loses nothing to the first sum's rounding
+      // (RowMean).
       float sum[1] = {held_sum(v, 0.f)};
       row_sum<1>(sum, smem);
       if (cluster > 1) cluster_sum<1>(sum, xchg, 0);
-      mean = sum[0] / static_cast<float>(H);
-      if (a.given_stats && valid) mean = a.mean[row];
+      mean.base = a.given_stats && valid ? a.mean[row] : sum[0] / static_cast<float>(H);
+      center_held(v, in, mean.base);
+      if constexpr (kSq == 2) sq[kSq - 1] = held_sum(v, 0.f);
+      sq[0] = center_held(v, in, 0.f);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sq[0] += v[i][j] * v[i][j];  // zeros past the row
+      }
+      sq[kSq - 1] = scaled_sq_of(sq[0], [&] {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < kRegItems; ++i) add_scaled_sq(s, v[i]);
+        return s;
+      });
     }
-    ss[0] = center_held(v, in, mean);
-    row_sum<1>(ss, smem);
+    row_sum<kSq>(sq, smem);
     if (cluster > 1) {
-      cluster_sum<1>(ss, xchg, 1);
+      cluster_sum<kSq>(sq, xsq, 1);
       if (Q != Quant::kRow) cluster_done();
+    }
+    if constexpr (K == NormKind::kLayer && kSq == 2) {
+      if (!a.given_stats) {
+        mean.rest = sq[kSq - 1] / static_cast<float>(H);
+        center_held(v, in, mean.rest);
+        sq[0] = fmaxf(sq[0] - sq[kSq - 1] * mean.rest, 0.f);
+      }
     }
   } else if constexpr (kLayerOnePass) {
     float shift = 0.f;
@@ -174,20 +206,21 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
     float acc[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
-      if (in[i]) add_shifted_sums<2>(acc, v[i], shift);
+      if (in[i]) add_row_sums<K>(acc, v[i], shift);
     }
     row_sum<2>(acc, smem);
     if (cluster > 1) {
-      cluster_sum<2>(acc, xchg2, 0);
+      cluster_sum<2>(acc, xpair, 0);
       if (Q != Quant::kRow) cluster_done();
     }
-    const float2 mm2 = shifted_mean_m2(acc, shift, H);
-    mean = mm2.x;
-    ss[0] = mm2.y;
-    if (a.given_stats && valid) mean = a.mean[row];
-    center_held(v, in, mean);  // its sum of squares unused here
+    const float m1 = acc[0] / static_cast<float>(H);
+    sq[0] = shifted_mean_m2_of(acc, shift, m1).y;
+    mean = a.given_stats && valid ? RowMean{a.mean[row], 0.f} : RowMean{shift, m1};
+    center_held_on<T>(v, in, mean);
   }
-  const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f) : rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  const float rstd = a.given_stats ? (valid ? a.rstd[row] : 0.f)
+                     : K == NormKind::kLayer ? rsqrtf(sq[0] / static_cast<float>(H) + a.eps)
+                                             : rms_rstd(sq[0], sq[kSq - 1], a.eps, H);
   if (Q == Quant::kNone && !valid) return;
 
   const int64_t poff = a.shape.param_offset(row);
@@ -283,7 +316,7 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
   }
   if (valid && threadIdx.x == 0 && rank == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
-    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean.value();
   }
 }
 

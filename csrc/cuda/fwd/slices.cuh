@@ -72,20 +72,20 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
   constexpr bool kOwnCopies = REFILL_AT_END && plan::slice_own_copies(kKey);
   Pack<P, VEC> held_gamma[ONE_CTA ? kSliceItems : 1], held_beta[ONE_CTA ? kSliceItems : 1];
   int64_t held_off = -1;  // parameter offset of the held (or STAGED_PARAMS' staged) packs
-  constexpr int kSums = K == NormKind::kLayer ? 2 : 1;
   // RMSNorm's per-row FP8 scale: max |y| = rstd * max |x * scale| (rstd > 0
   // is common to the row), taken in the pass of the sums and reduced with
   // them: one reduction a row instead of two.
   constexpr bool kRowMaxFirst = Q == Quant::kRow && K == NormKind::kRms;
-  constexpr int kRed = kRowMaxFirst ? 2 : kSums;
+  constexpr int kRed = kRowMaxFirst ? 3 : 2;  // the row's two sums (add_row_sums)[, the max]
   // RMSNorm's per row holding x * gamma across a cluster reads its stage in
   // the sums pass alone: right after the row's block reduction (not at the
   // row's end) the stage takes the row after next.
   constexpr bool kRefillOwn = REFILL_AT_END && HOLD_Y && K == NormKind::kRms;
-  using RedOp = std::conditional_t<kRowMaxFirst, SumAbsMaxOp, SumOp>;
-  // Values a CTA pushes a row: kClusterMerge's {slice mean, slice squared
-  // deviations, the pending row's max, unused} go in one 16-byte store.
-  constexpr int kXchg = kClusterMerge ? 4 : kRed;
+  using RedOp = std::conditional_t<kRowMaxFirst, SqMaxOp, SumOp>;
+  // Values a CTA pushes a row, in one store of 8 or 16 bytes: LayerNorm's
+  // {slice mean, slice squared deviations, kClusterMerge's pending row's
+  // max, the slice mean's rounding residue}; RMSNorm's sums (zero-padded).
+  constexpr int kXchg = K == NormKind::kLayer || kRed > 2 ? 4 : 2;
   extern __shared__ uint4 stages[];  // [2 stages][kSliceItems * blockDim.x] packs
   __shared__ float smem[kRowSumSmem];
   __shared__ alignas(kXchg == 4 ? 16 : 8) float xchg[2][kMaxCluster][kXchg];
@@ -264,8 +264,9 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
         }
       }
     }
-    // RMSNorm: {sum(x^2)}, per-row FP8 {sum(x^2), max |x * scale|};
-    // LayerNorm: {sum(d), sum(d^2)}, d = x - shift (add_shifted_sums).
+    // The row's two sums (add_row_sums: RMSNorm's pair of sums of squares,
+    // LayerNorm's {sum(d), sum(d^2)}, d = x - shift), and RMSNorm's per-row
+    // FP8 max |x * scale| after them.
     float acc[kRed] = {};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
@@ -282,12 +283,26 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
         } else if constexpr (HOLD_Y && K == NormKind::kRms) {  // per group: x * scale held
           add_sq_scaled<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
         } else {
-          add_shifted_sums<kSums>(acc, v, shift);
+          add_row_sums<K>(acc, v, shift);
         }
       } else if constexpr (HOLD_Y && Q == Quant::kGroup) {  // zeros past the row's end, for the group maxima
 #pragma unroll
         for (int j = 0; j < VEC; ++j) ys[i][j] = 0.f;
       }
+    }
+    if constexpr (K == NormKind::kRms) {
+      acc[1] = scaled_sq_of(acc[0], [&] {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            float v[VEC];
+            read(st, i, v);
+            add_scaled_sq(s, v);
+          }
+        }
+        return s;
+      });
     }
     if constexpr (kMergeMax) {
       float red[3] = {acc[0], acc[1], pending_max};
@@ -305,53 +320,68 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
       ring.order_refill_after_reduction();
       prefetch(row + 2 * used, st);
     }
-    float mean = 0.f, sq;  // sq: sum((x - mean)^2) over the row (RMSNorm: mean 0)
+    RowMean mean;
+    float sq = 0.f;  // LayerNorm: sum((x - mean)^2) over the row
     if constexpr (K == NormKind::kLayer) {
-      // Each CTA takes its slice's mean and squared deviations (around the
-      // slice's own shift, read from its stage), and the slices are merged
-      // weighted by their sizes (Chan et al.'s pairwise update, all at once).
-      float part[kXchg] = {};  // {slice mean, slice sum of squared deviations[, kClusterMerge's]}
+      // Each CTA takes its slice's mean (around the slice's own shift, read
+      // from its stage) and squared deviations, and the slices are merged
+      // weighted by their sizes (Chan et al.'s pairwise update, all at once)
+      // around rank 0's slice mean: each slice's offset from it, its mean's
+      // rounding residue added back, stays exact on rows far from zero
+      // (RowMean).
+      float part[kXchg] = {};
+      float m1 = 0.f;
       if (slice_elems > 0) {
-        const float2 mean_m2 = shifted_mean_m2_of(acc, shift, acc[0] * inv_slice);
+        m1 = acc[0] * inv_slice;
+        const float2 mean_m2 = shifted_mean_m2_of(acc, shift, m1);
         part[0] = mean_m2.x;
         part[1] = mean_m2.y;
+        part[3] = (shift - part[0]) + m1;
       }
       if constexpr (kClusterMerge) part[2] = pending_max;
       if (cluster > 1) {
         exchange.push(part, st);
-        exchange.take(part, st);  // lane q: rank q's slice
+        exchange.take(part, st);  // lane q: rank q's slice (n = 0 past the cluster)
         const float n = static_cast<float>(slice_of(threadIdx.x % 32));
-        if constexpr (kClusterMerge) {  // the slices' weighted means and the pending row's max, one butterfly
-          float w[2] = {n * part[0], part[2]};
+        const float base = __shfl_sync(0xffffffffu, part[0], 0);
+        const float off = (part[0] - base) + part[3];
+        if constexpr (kClusterMerge) {  // the slices' weighted offsets and the pending row's max, one butterfly
+          float w[2] = {n * off, part[2]};
           warp_sum<2>(w, 32, SumAbsMaxOp{});
-          mean = w[0] * inv_h;
+          mean = {base, w[0] * inv_h};
           pending_max = w[1];
         } else {
-          float w[1] = {n * part[0]};
+          float w[1] = {n * off};
           warp_sum<1>(w, 32);
-          mean = w[0] * inv_h;
+          mean = {base, w[0] * inv_h};
         }
-        const float d = part[0] - mean;
+        const float d = off - mean.rest;
         float m2[1] = {part[1] + n * d * d};
         warp_sum<1>(m2, 32);
         sq = m2[0];
       } else {
-        mean = part[0];
+        mean = {shift, m1};
         sq = part[1];
       }
       if constexpr (kClusterMerge) {
         if (pending >= 0) store_pending(pending_max);  // the previous row's
       }
     } else {
-      exchange.sum(acc, st, RedOp{});
-      sq = acc[0];
+      float part[kXchg] = {};
+#pragma unroll
+      for (int m = 0; m < kRed; ++m) part[m] = acc[m];
+      exchange.sum(part, st, RedOp{});
+#pragma unroll
+      for (int m = 0; m < kRed; ++m) acc[m] = part[m];
     }
     if constexpr (!REFILL_AT_END) {
       // The only CTAs of one warp:
       if constexpr (ONE_CTA || HOLD_Y || plan::slice_quant_warp(kKey)) ring.order_refill_after_reduction();
       prefetch(row + used, st ^ 1);
     }
-    const float rstd = rsqrtf(sq * inv_h + a.eps);
+    const float rstd = K == NormKind::kLayer ? rsqrtf(sq * inv_h + a.eps)
+                                             : rms_rstd(acc[0], acc[1], a.eps, [&](float t) { return t * inv_h; });
+    const float centred = centred_mean<T>(mean);  // after centre_base
     const int64_t out = row * H + first;
     // The row's outputs, by pass: `plain` (a std::bool_constant) says gamma
     // (and LayerNorm's beta) is given and the scale is not zero-centred.
@@ -371,6 +401,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           return;
         }
         read(st, i, v);
+        if constexpr (K == NormKind::kLayer) centre_base<T>(v, mean);
         if constexpr (decltype(plain)::value) {
           float g[VEC];
           if constexpr (ONE_CTA) {
@@ -391,15 +422,15 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
             } else {
               load_pack<VEC>(beta + first + local(i), b);
             }
-            scale_shift_plain<(sizeof(T) < 4)>(v, mean, r, g, b);
+            scale_shift_plain<(sizeof(T) < 4)>(v, centred, r, g, b);
           } else {
             scale_plain(v, r, g);
           }
         } else if constexpr (ONE_CTA) {
           const Pack<P, VEC> g = held_gamma[i], b = held_beta[i];  // by value: no address taken of the arrays
-          scale_shift_packs<VEC>(v, mean, r, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
+          scale_shift_packs<VEC>(v, centred, r, g, gamma != nullptr, b, beta != nullptr, a.zero_centered);
         } else {
-          scale_shift<VEC>(v, mean, r, gamma, beta, first + local(i), a.zero_centered);
+          scale_shift<VEC>(v, centred, r, gamma, beta, first + local(i), a.zero_centered);
         }
       };
       auto y_of = [&](int i, float (&v)[VEC]) { y_by(i, v, rstd); };
@@ -514,7 +545,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
     }
     if (threadIdx.x == 0 && rank == 0) {
       a.rstd[row] = rstd;
-      if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+      if constexpr (K == NormKind::kLayer) a.mean[row] = mean.value();
     }
     if constexpr (REFILL_AT_END && !kRefillOwn) {
       // The output pass read the stage (each thread only its own packs with

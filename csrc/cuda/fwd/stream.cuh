@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     }
   };
 
-  // LayerNorm sums are taken around a shift near the row's mean (layer_shift).
+  // The row's two sums (add_row_sums): LayerNorm's around a shift near the
+  // row's mean (layer_shift).
   float acc[2] = {0.f, 0.f};
   float shift = 0.f;
   if (K == NormKind::kLayer) {
@@ -41,27 +42,39 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     float v[VEC];
     load_row(p * VEC, v, false);
     if (a.residual) store_h_as<VEC, T>(a.no_output ? nullptr : a.h, a.h_f32, row * H + p * VEC, v);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float d = v[j] - shift;
-      acc[0] += d;
-      acc[1] += d * d;
-    }
+    add_row_sums<K>(acc, v, shift);
+  }
+  if constexpr (K == NormKind::kRms) {
+    acc[1] = scaled_sq_of(acc[0], [&] {
+      float s = 0.f;
+      for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+        float v[VEC];
+        load_row(p * VEC, v, true);
+        add_scaled_sq(s, v);
+      }
+      return s;
+    });
   }
   row_sum<2>(acc, smem);
   const float m1 = acc[0] / static_cast<float>(H);
-  const float mean = K == NormKind::kLayer ? shift + m1 : 0.f;
-  const float var = K == NormKind::kLayer ? fmaxf(acc[1] / static_cast<float>(H) - m1 * m1, 0.f)
-                                          : acc[1] / static_cast<float>(H);
-  const float rstd = a.given_stats ? a.rstd[row] : rsqrtf(var + a.eps);
-  const float mean_used = a.given_stats && K == NormKind::kLayer ? a.mean[row] : mean;
+  const RowMean mean = K == NormKind::kLayer ? RowMean{shift, m1} : RowMean{};
+  float rstd;
+  if constexpr (K == NormKind::kLayer) {
+    rstd = rsqrtf(fmaxf(acc[1] / static_cast<float>(H) - m1 * m1, 0.f) + a.eps);
+  } else {
+    rstd = rms_rstd(acc[0], acc[1], a.eps, H);
+  }
+  if (a.given_stats) rstd = a.rstd[row];
+  const RowMean mean_used = a.given_stats && K == NormKind::kLayer ? RowMean{a.mean[row], 0.f} : mean;
+  const float centred = centred_mean<T>(mean_used);
 
   const int64_t poff = a.shape.param_offset(row);
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;  // RMSNorm has none
   auto normalize = [&](int64_t col, float (&v)[VEC]) {
     load_row(col, v, true);
-    scale_shift<VEC>(v, mean_used, rstd, gamma, beta, col, a.zero_centered);
+    if constexpr (K == NormKind::kLayer) centre_base<T>(v, mean_used);
+    scale_shift<VEC>(v, centred, rstd, gamma, beta, col, a.zero_centered);
   };
   if constexpr (Q == Quant::kNone) {
     T* y = static_cast<T*>(a.y) + row * H;
@@ -127,7 +140,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
   }
   if (threadIdx.x == 0 && !a.given_stats) {
     a.rstd[row] = rstd;
-    if constexpr (K == NormKind::kLayer) a.mean[row] = mean;
+    if constexpr (K == NormKind::kLayer) a.mean[row] = mean.value();
   }
 }
 

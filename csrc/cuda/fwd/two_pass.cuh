@@ -23,8 +23,8 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
   constexpr bool kLayer = K == NormKind::kLayer;
   constexpr bool kRowMax = Q == Quant::kRow;
   static_assert(!(kLayer && kRowMax), "fwd_add_stats: per-row FP8 scales for RMSNorm only");
-  // LayerNorm: sum(d), sum(d^2) around a shift; RMSNorm: sum(h^2), and per row max |h * scale|.
-  constexpr int M = kLayer || kRowMax ? 2 : 1;
+  // The row's two sums (add_row_sums), and RMSNorm's per row max |h * scale| after them.
+  constexpr int M = kRowMax ? 3 : 2;
   __shared__ float smem[kRowSumSmem];
   const int64_t H = a.shape.hidden, nvec = H / VEC, row = blockIdx.x;
   const T* x = static_cast<const T*>(a.x) + row * H;
@@ -42,11 +42,24 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
     if constexpr (kRowMax) {
       add_sq_scaled_max<VEC>(acc, v, gamma, p * VEC, a.zero_centered);
     } else {
-      add_shifted_sums<M>(acc, v, shift);
+      add_row_sums<K>(acc, v, shift);
     }
   }
+  if constexpr (!kLayer) {
+    acc[1] = scaled_sq_of(acc[0], [&] {
+      float s = 0.f;
+      for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
+        float v[VEC];
+        load_pack<VEC>(x + p * VEC, v);
+        add_residual<VEC, T>(v, res, false, p * VEC);
+        round_as<VEC, T>(false, v);  // h as stored
+        add_scaled_sq(s, v);
+      }
+      return s;
+    });
+  }
   if constexpr (kRowMax) {
-    row_sum<M, SumAbsMaxOp, true>(acc, smem);
+    row_sum<M, SqMaxOp, true>(acc, smem);
   } else {
     row_sum_lead<M>(acc, smem);
   }
@@ -56,9 +69,9 @@ __global__ void __launch_bounds__(kAddStatsThreads) fwd_add_stats(FwdArgs a) {
     a.mean[row] = mean_m2.x;
     a.rstd[row] = rsqrtf(mean_m2.y / static_cast<float>(H) + a.eps);
   } else {
-    const float rstd = rsqrtf(acc[0] / static_cast<float>(H) + a.eps);
+    const float rstd = rms_rstd(acc[0], acc[1], a.eps, H);
     a.rstd[row] = rstd;
-    if constexpr (kRowMax) a.qscale[row] = quant_scale(rstd * acc[1], a.fp8, a.scale_ub);
+    if constexpr (kRowMax) a.qscale[row] = quant_scale(rstd * acc[2], a.fp8, a.scale_ub);
   }
 }
 

@@ -76,18 +76,48 @@ __global__ void __launch_bounds__(kMaxRowThreads) fwd_unaligned(FwdArgs a) {
     if (has_tail) store_h_as<1, T>(h, a.h_f32, start + tail_col, et);
   }
 
-  float sum[1] = {held_sum(v, eh[0] + et[0])};
+  // RMSNorm: the sum of squares and its scaled twin (scaled_sq_of).
+  // LayerNorm: the mean of the row's sum, then in one reduction the sum of
+  // squares and (float32 x) the residue of the row centred on it; centred
+  // again on the residue, the row loses nothing to the first sum's
+  // rounding (RowMean).
+  constexpr int kSq = K == NormKind::kLayer && sizeof(T) < 4 ? 1 : 2;
+  float sq[kSq] = {};
   float mean = 0.f;
   if constexpr (K == NormKind::kLayer) {
+    float sum[1] = {held_sum(v, eh[0] + et[0])};
     row_sum<1>(sum, smem);
     mean = sum[0] / static_cast<float>(H);
+    center_held(v, in, mean);
+    if (has_head) eh[0] -= mean;
+    if (has_tail) et[0] -= mean;
+    if constexpr (kSq == 2) sq[kSq - 1] = held_sum(v, eh[0] + et[0]);
+    sq[0] = center_held(v, in, 0.f) + eh[0] * eh[0] + et[0] * et[0];
+  } else {
+    sq[0] = center_held(v, in, 0.f) + eh[0] * eh[0] + et[0] * et[0];  // zeros past the row
+    sq[kSq - 1] = scaled_sq_of(sq[0], [&] {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRegItems; ++i) add_scaled_sq(s, v[i]);
+      add_scaled_sq(s, eh);
+      add_scaled_sq(s, et);
+      return s;
+    });
   }
-  float ss[1] = {center_held(v, in, mean)};
-  if (has_head) eh[0] -= mean;
-  if (has_tail) et[0] -= mean;
-  ss[0] += eh[0] * eh[0] + et[0] * et[0];
-  row_sum<1>(ss, smem);
-  const float rstd = rsqrtf(ss[0] / static_cast<float>(H) + a.eps);
+  row_sum<kSq>(sq, smem);
+  float rstd;
+  if constexpr (K == NormKind::kLayer && kSq == 2) {
+    const float rest = sq[kSq - 1] / static_cast<float>(H);
+    center_held(v, in, rest);
+    if (has_head) eh[0] -= rest;
+    if (has_tail) et[0] -= rest;
+    mean += rest;
+    rstd = rsqrtf(fmaxf(sq[0] - sq[kSq - 1] * rest, 0.f) / static_cast<float>(H) + a.eps);
+  } else if constexpr (K == NormKind::kLayer) {
+    rstd = rsqrtf(sq[0] / static_cast<float>(H) + a.eps);
+  } else {
+    rstd = rms_rstd(sq[0], sq[kSq - 1], a.eps, H);
+  }
   // With FP8 the rows past the end go on: their threads take part in the
   // warp's and the CTA's max below.
   if (Q == Quant::kNone && !valid) return;
