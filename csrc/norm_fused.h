@@ -84,6 +84,16 @@ constexpr bool backend_group_scales() {
     return false;
   }
 }
+// The same for the per-group output's columnwise copy (qt_scales):
+// `static constexpr bool kGroupColumns = true;`.
+template <class Backend>
+constexpr bool backend_group_columns() {
+  if constexpr (requires { Backend::kGroupColumns; }) {
+    return Backend::kGroupColumns;
+  } else {
+    return false;
+  }
+}
 
 // Smallest per-row / per-group scale: an all-zero row quantizes to zeros with
 // this scale instead of dividing by zero.
@@ -303,7 +313,8 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
 // copy, on a backend without kernels for them (backend_group_scales).
 template <class Backend>
 inline ffi::Error check_group_scale(const FwdArgs& a) {
-  if (!backend_group_scales<Backend>() && (a.group_scale != GroupScale::kFloat || a.qt_scales))
+  if ((!backend_group_scales<Backend>() && a.group_scale != GroupScale::kFloat) ||
+      (!backend_group_columns<Backend>() && a.qt_scales))
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
                       "jax_rmsnorm: block-scaled and power-of-two group scales, and per-group q_t, have no kernels on "
                       "this platform yet");

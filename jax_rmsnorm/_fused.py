@@ -455,8 +455,7 @@ def rms_norm_fp8_groupwise(x: Array, gamma: Optional[Array] = None, *, group_siz
         blocks with power-of-two scales):
         ``2 ** ceil(log2(max(min(max|y| / fp8_max, scale_ub), 1e-12)))``, so
         an all-zero group's scale is ``2 ** -39``; ``q = saturate(y * (1 /
-        scale))`` is then exact before its rounding. NaN stays NaN. CPU only
-        for now (on a GPU it raises NotImplementedError when lowered).
+        scale))`` is then exact before its rounding. NaN stays NaN.
 
     Returns:
       ``(q, group_scales)`` or ``(q, group_scales, h)``: ``group_scales``
@@ -493,8 +492,7 @@ _BLOCK_DOC = """
     infinity gets a NaN scale and NaN codes (NVFP4's E2M1 has no NaN: its
     codes are +0 there), so it dequantizes to NaN. ``q`` and ``scales`` have
     the shapes and dtypes ``jax.nn.scaled_matmul`` takes (with ``x`` of shape
-    ``(batch, rows, hidden)``). CPU only for now: on a GPU the call raises
-    NotImplementedError when it is lowered.
+    ``(batch, rows, hidden)``).
 """
 
 

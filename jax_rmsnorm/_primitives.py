@@ -184,9 +184,6 @@ QUANT_CODES = {None: 0, "tensor": 1, "row": 2, "group": 3, "current": 4}
 # block-scaled ones write their scales in the dtype of GROUP_SCALE_DTYPES.
 GROUP_SCALE_CODES = {"float32": 0, "pow2": 1, "e8m0": 2, "nvfp4": 3}
 GROUP_SCALE_DTYPES = {"e8m0": np.dtype(jnp.float8_e8m0fnu), "nvfp4": np.dtype(jnp.float8_e4m3fn)}
-# The public functions of each group scale without CUDA kernels yet.
-_NO_CUDA_KERNELS = {"pow2": "{kind}_norm_fp8_groupwise(power_of_two_scales=True)", "e8m0": "{kind}_norm_mxfp8",
-                    "nvfp4": "{kind}_norm_nvfp4"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -904,17 +901,12 @@ def _register(prim, family, abstract, batch):
 
 def _check_cuda_kernels(params):
     """Refuses, when lowering for a GPU, what has no CUDA kernels yet: the
-    block-scaled and power-of-two group scales and per-group output's
-    columnwise copy (CPU only for now)."""
+    per-group output's columnwise copy (CPU only for now)."""
     fused = params.get("fused")
     if fused is not None and fused.columnwise:
         raise NotImplementedError("jax_rmsnorm: the columnwise copy of per-group FP8/FP4 output (transpose=True) "
                                   "has no CUDA kernel yet: it runs on the CPU only (put its inputs on a CPU "
                                   "device, or jit it for the CPU)")
-    if fused is not None and fused.group_scale in _NO_CUDA_KERNELS:
-        name = _NO_CUDA_KERNELS[fused.group_scale].format(kind="rms" if params["kind"] == RMS else "layer")
-        raise NotImplementedError(f"jax_rmsnorm.{name} has no CUDA kernel yet: it runs on the CPU only "
-                                  "(put its inputs on a CPU device, or jit it for the CPU)")
 
 
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)

@@ -1,6 +1,6 @@
 """Block-scaled outputs (rms_norm_mxfp8 / layer_norm_mxfp8, rms_norm_nvfp4 /
 layer_norm_nvfp4) and the per-group FP8 output's power-of-two scales, on the
-CPU (no CUDA kernels yet: a GPU lowering is refused).
+CPU (the CUDA kernels take them in fwd_stream; their GPU tests are to come).
 
 Codes and scales are checked bit for bit against the NumPy reference
 quantizer (reference.quantize_blocks, itself bit-exact against jax.nn's) run
@@ -419,14 +419,14 @@ def test_errors():
     ("layer_norm_nvfp4", lambda x: jrn.layer_norm_nvfp4(x, global_scale=1.0)),
     ("rms_norm_fp8_groupwise(power_of_two_scales=True)",
      lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=32, power_of_two_scales=True))])
-def test_gpu_lowering_refused(name, call):
-    # No CUDA kernels yet: lowering for a GPU names the function; the
-    # per-group output without the option still lowers as before.
+def test_lowers_for_both_platforms(name, call):
+    # One custom call each, on the CPU and (where the CUDA module is built) the GPU.
+    from jax_rmsnorm import _ffi
+
     x = jnp.ones((4, 64), jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match=rf"jax_rmsnorm\.{name.replace('(', '[(]').replace(')', '[)]')} "
-                                                  r"has no CUDA kernel yet"):
-        jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
-    assert "jrn_" in jax.jit(call).trace(x).lower(lowering_platforms=("cpu",)).as_text()
+    platforms = ("cpu", "cuda") if _ffi.cuda_built() else ("cpu",)
+    for platform in platforms:
+        assert "jrn_" in jax.jit(call).trace(x).lower(lowering_platforms=(platform,)).as_text(), (name, platform)
 
 
 def test_mxfp8_scale_of_a_subnormal_quotient():

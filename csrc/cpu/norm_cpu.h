@@ -848,6 +848,7 @@ struct CpuKernels {
 namespace jrn::cpu {
 struct CpuBackend {
   static constexpr bool kGroupScales = true;  // every GroupScale (norm_fused.h)
+  static constexpr bool kGroupColumns = true;  // and the per-group columnwise copy
   using Bf16 = bf16_t;
   using F16 = f16_t;
   template <NormKind K, class T, class P>

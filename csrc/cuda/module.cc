@@ -13,6 +13,7 @@
 namespace jrn {
 
 struct CudaBackend {
+  static constexpr bool kGroupScales = true;  // every GroupScale (norm_fused.h), in fwd_stream
   using Bf16 = __nv_bfloat16;
   using F16 = __half;
   template <NormKind K, class T, class P>

@@ -172,6 +172,7 @@ struct FwdProblem {
   bool fp8_x = false;        // x as FP8 codes with a scale per x_group columns
   int64_t x_group = 0;
   int64_t group_size = 0;    // per-group FP8
+  GroupScale group_scale = GroupScale::kFloat;  // per-group FP8: the scale rule (norm_types.h)
   bool qt = false;           // current scaling's transposed copy wanted
   int64_t tensors = 1;       // per-tensor FP8: x's rows split into this many tensors
   // 16-byte alignment of the buffers: x, y (or q), gamma and beta (those

@@ -174,7 +174,8 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
   bool regs_ok = true;
   if (p.quant == Quant::kGroup) {
     lanes = static_cast<int>(p.group_size / vec);
-    regs_ok = p.group_size % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
+    regs_ok = p.group_size % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0 &&
+              p.group_scale == GroupScale::kFloat;  // other rules: fwd_stream alone for now (group-scale-stream)
   }
   const int64_t cta_vecs = static_cast<int64_t>(p.quant == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
   plan.kernel = FwdKernel::kRegs;
@@ -240,7 +241,7 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
     return plan;
   }
   plan.kernel = FwdKernel::kStream;
-  plan.rule = "fwd-stream";
+  plan.rule = p.quant == Quant::kGroup && p.group_scale != GroupScale::kFloat ? "group-scale-stream" : "fwd-stream";
   plan.items = 0;
   plan.threads = kStreamThreads;
   plan.rows_per_cta = 1;

@@ -50,6 +50,7 @@ plan::FwdProblem fwd_problem(const FwdArgs& a) {
   p.fp8_x = a.x_fp8;
   p.x_group = a.x_group;
   p.group_size = a.group_size;
+  p.group_scale = a.group_scale;
   p.qt = a.qt != nullptr;
   p.tensors = a.tensors;
   p.x_aligned = aligned16(a.x);

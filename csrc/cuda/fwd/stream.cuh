@@ -4,6 +4,7 @@
 // kernels that hold a row.
 #pragma once
 
+#include "../common/block_scale.cuh"
 #include "common.cuh"
 
 namespace jrn::cuda {
@@ -118,8 +119,12 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
       }
     }
   } else {
-    // A thread per group: its max, then the group again, quantized.
+    // A thread per group: its max, then the group again, coded by the
+    // group scale's rule (block_scale.cuh). NVFP4's codes go two a byte:
+    // single-element packs are taken in pairs (its groups are even).
     const int64_t G = a.group_size, gvec = G / VEC;
+    const float global = a.group_scale == GroupScale::kNvfp4 ? a.scale[a.tensor_of(row)] : 1.f;
+    const bool pairs = VEC == 1 && a.group_scale == GroupScale::kNvfp4;
     for (int64_t g = threadIdx.x; g < H / G; g += blockDim.x) {
       float gm = 0.f;
       for (int64_t p = 0; p < gvec; ++p) {
@@ -128,14 +133,21 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
       }
-      const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-      const float inv = 1.f / scale;
-      for (int64_t p = 0; p < gvec; ++p) {
-        float v[VEC];
-        normalize(g * G + p * VEC, v);
-        store_q<VEC>(a, row * H + g * G + p * VEC, v, inv);
+      const GroupCode code = group_scale(a, row * (H / G) + g, gm, global);
+      for (int64_t p = 0; p < gvec; p += pairs ? 2 : 1) {
+        const int64_t col = g * G + p * VEC;
+        if (pairs) {
+          float v0[VEC], v1[VEC];
+          normalize(col, v0);
+          normalize(col + 1, v1);
+          float v[2] = {v0[0], v1[0]};
+          store_group<2>(a, row * H + col, v, global, code);
+        } else {
+          float v[VEC];
+          normalize(col, v);
+          store_group<VEC>(a, row * H + col, v, global, code);
+        }
       }
-      a.qscale[row * (H / G) + g] = scale;
     }
   }
   if (threadIdx.x == 0 && !a.given_stats) {

@@ -1,0 +1,114 @@
+// The per-group output's scale rules (GroupScale, norm_fused.h has them) on
+// the device: from a group's max |y|, the scale it stores and how its codes
+// are made; and the NVFP4 codes (E2M1, two a byte). IEEE float32 arithmetic,
+// divisions correctly rounded, denormals kept, as on the CPU.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "../../norm_fused.h"
+#include "fp8.cuh"
+
+namespace jrn::cuda {
+
+// One group's coding: FP8 codes are saturate(y * mul), or all `nan_code`
+// (a NaN or infinite block); NVFP4's are E2M1(y / global / value), or all
+// +0 where `value` is 0 or the block is not finite.
+struct GroupCode {
+  float mul = 0.f;      // FP8: what y is multiplied by (kFloat, kPow2: 1 / scale; kE8M0: 2^(127 - e))
+  float value = 0.f;    // NVFP4: the block scale's E4M3 value
+  bool finite = true;   // the block holds no NaN or infinity
+};
+
+// kE8M0: the scale byte of a block of max |y| `gm` and the code's multiplier.
+__device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) {
+  if (!(gm <= 3.402823466e38f)) {
+    c.finite = false;
+    return kE8M0Nan;
+  }
+  const uint8_t e = e8m0_round_up(__float_as_uint(__fdiv_rn(gm, fp8_max(fmt))));
+  const int k = 127 - static_cast<int>(e);  // y / 2^(e - 127) = y * 2^k, k in [-127, 127]
+  c.mul = k >= -126 ? __uint_as_float(static_cast<uint32_t>(k + 127) << 23) : __uint_as_float(0x00400000u);
+  return e;
+}
+
+// kNvfp4: the E4M3 scale byte of a block of max |y| `gm` under global scale
+// `g`: E4M3(min(max|t| / 6, 448)), t = y / g (the max of the quotients is the
+// quotient of the max: the division rounds monotonically).
+__device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) {
+  const float tmax = fabsf(__fdiv_rn(gm, g));  // g < 0 (an array is not checked): |t| as the CPU takes it
+  if (!(tmax <= 3.402823466e38f)) {
+    c.finite = false;
+    return kE4M3Nan;
+  }
+  const uint8_t s = __nv_cvt_float_to_fp8(__fdiv_rn(tmax, kFp4Max), __NV_SATFINITE, __NV_E4M3);
+  c.value = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
+  return s;
+}
+
+// E2M1 of a finite v, saturating at 6, round to nearest even (ties to the
+// even code: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4,
+// 5 -> 4), sign kept (-0 included): the code in the low 4 bits.
+__device__ __forceinline__ uint32_t e2m1(float v) {
+  const float m = fabsf(v);
+  const uint32_t c = m <= 0.25f ? 0u : m < 0.75f ? 1u : m <= 1.25f ? 2u : m < 1.75f ? 3u
+                   : m <= 2.5f  ? 4u : m < 3.5f  ? 5u : m <= 5.f    ? 6u : 7u;
+  return ((__float_as_uint(v) >> 31) << 3) | c;
+}
+
+// The NVFP4 codes of N (even) values of y, two a byte (the first in the low
+// 4 bits), at byte `dst`.
+template <int N>
+__device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], float g, const GroupCode& c) {
+  static_assert(N % 2 == 0, "store_nvfp4: two codes a byte");
+#pragma unroll
+  for (int j = 0; j < N; j += 2) {
+    uint32_t lo = 0, hi = 0;
+    if (c.finite && c.value != 0.f) {
+      lo = e2m1(__fdiv_rn(__fdiv_rn(y[j], g), c.value));
+      hi = e2m1(__fdiv_rn(__fdiv_rn(y[j + 1], g), c.value));
+    }
+    dst[j / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+// A group's codes of N values of y at element `idx` of q (FP8 or NVFP4 by
+// the rule).
+template <int N>
+__device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], float g,
+                                            const GroupCode& c) {
+  uint8_t* q = static_cast<uint8_t*>(a.y);
+  if (a.group_scale == GroupScale::kNvfp4) {
+    if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, g, c);  // odd N never: callers pair elements
+  } else if (c.finite) {
+    store_q<N>(q + idx, a.fp8, y, c.mul);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) q[idx + j] = static_cast<uint8_t>(fp8_nan_code(a.fp8));
+  }
+}
+
+// The scale of group `index` (of a row-major rows x hidden / group_size grid)
+// from its max |y|, stored where the rule keeps it; returns the group's coding.
+// kFloat and kPow2 keep float32 scales (quant_scale, then pow2_ceil); the
+// block formats a byte each.
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g) {
+  GroupCode c;
+  switch (a.group_scale) {
+    case GroupScale::kE8M0:
+      a.block_scales[index] = mxfp8_scale(gm, a.fp8, c);
+      break;
+    case GroupScale::kNvfp4:
+      a.block_scales[index] = nvfp4_scale(gm, g, c);
+      break;
+    default: {
+      float s = quant_scale(gm, a.fp8, a.scale_ub);
+      if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
+      a.qscale[index] = s;
+      c.mul = 1.f / s;
+    }
+  }
+  return c;
+}
+
+}  // namespace jrn::cuda
