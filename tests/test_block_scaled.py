@@ -1,6 +1,6 @@
 """Block-scaled outputs (rms_norm_mxfp8 / layer_norm_mxfp8, rms_norm_nvfp4 /
 layer_norm_nvfp4) and the per-group FP8 output's power-of-two scales, on the
-CPU (the CUDA kernels take them in fwd_stream; their GPU tests are to come).
+CPU and, for the rowwise outputs, on the GPU (test_kernel_*).
 
 Codes and scales are checked bit for bit against the NumPy reference
 quantizer (reference.quantize_blocks, itself bit-exact against jax.nn's) run
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, pow2_group_scales, quantize_blocks, random,
+from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, poison, pow2_group_scales, quantize_blocks, random,
                        ref_add, ref_forward, ref_scales)
 
 E4M3, E5M2, E2M1 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
@@ -610,3 +610,125 @@ def test_columnwise_gpu_lowering_refused(call):
     x = jnp.ones((64, 64), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="columnwise copy .* has no CUDA kernel yet"):
         jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+
+
+# ---------------------------------------------------------------------------
+# GPU: the CUDA kernels' codes and scales, from the kernel's own statistics
+
+
+def _codes(y, fmt, block, g):
+    """(code bits, scale bits) of float32 ``y`` by the reference quantizer
+    of ``fmt``: "mxfp8", "nvfp4" or "pow2" (per-group E4M3 with scales
+    rounded up to powers of two)."""
+    if fmt == "pow2":
+        s = pow2_group_scales(y, E4M3, block)
+        top = np.float32(FP8_MAX[np.dtype(E4M3)])
+        q = np.clip(y * np.repeat(np.float32(1) / s, block, axis=-1), -top, top).astype(E4M3)
+        return _bits(q), s.view(np.uint32)
+    if fmt == "mxfp8":
+        q, s = quantize_blocks(y, "mxfp8", E4M3, block)
+        return _bits(q), np.asarray(s)
+    q, s = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, block, global_scale=np.float32(g))
+    return _bits(q), _bits(s)
+
+
+GPU_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "pow2": ("pow2", 128, E4M3)}
+
+
+@pytest.mark.parametrize("shape", [(37, 256), (8, 4096), (3, 12288)], ids=str)
+@pytest.mark.parametrize("fmt", list(GPU_FORMATS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_kernel_codes(kind, dtype, fmt, shape, platform):
+    # The kernel's codes and scales are the reference quantizer's of its own
+    # float32 y. RMSNorm's y is emulated exactly from the kernel's rstd
+    # ((x * rstd) * gamma, each product rounded): bit for bit. LayerNorm's y
+    # (centred in two steps, beta's add maybe contracted) is known to a few
+    # float32 ulps: each code and scale must be that of some y within them,
+    # and all but a few those of the nearest float32.
+    from jax_rmsnorm import _primitives as prim
+
+    rule, block, codes = GPU_FORMATS[fmt]
+    key = case_key(("gpu_codes", kind, dname(dtype), fmt, shape))
+    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    gamma, beta = _params(kind, shape[-1], dtype, key, spread=6)
+    y64, _, _ = ref_forward(kind, x, gamma, beta, EPS[kind])
+    g = np.float32(np.abs(y64).max() / (6 * 448))
+    spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule)
+    dev = jax.devices(platform)[0]
+
+    @jax.jit
+    def run(x, gamma, beta, g):
+        q, mean, rstd, _, qs, _, _ = prim.norm_fwd_fused(
+            x, gamma, gamma if beta is None else beta, None, g, None, kind=kind, eps=EPS[kind],
+            zero_centered_gamma=False, has_gamma=True, has_beta=beta is not None, fused=spec)
+        return q, qs, mean, rstd
+
+    args = [jax.device_put(a, dev) if a is not None else None for a in (x, gamma, beta, jnp.float32(g))]
+    poison(platform, 16 * x.size + 4096)
+    q, s, mean, rstd = run(*args)
+    qb, sb = _bits(q), (np.asarray(s).view(np.uint32) if fmt == "pow2" else _bits(s))
+    # the public function runs the same kernel
+    pub = (_mxfp8(kind, *args[:3]) if fmt == "mxfp8" else _nvfp4(kind, *args[:3], global_scale=args[3])
+           if fmt == "nvfp4" else
+           (jrn.rms_norm_fp8_groupwise(*args[:2], group_size=block, power_of_two_scales=True) if kind == "rms" else
+            jrn.layer_norm_fp8_groupwise(*args[:3], group_size=block, power_of_two_scales=True)))
+    np.testing.assert_array_equal(_bits(pub[0]), qb)
+
+    xf, gf = np.asarray(x, np.float32), np.asarray(gamma, np.float32)
+    rs = np.asarray(rstd, np.float32)[..., None]
+    _, _, rstd64 = ref_forward(kind, x, gamma, beta, EPS[kind])
+    np.testing.assert_allclose(rs[..., 0], np.asarray(rstd64).reshape(rs.shape[:-1]), rtol=4e-6)
+    if kind == "rms":
+        want_q, want_s = _codes((xf * rs) * gf, fmt, block, g)
+        np.testing.assert_array_equal(sb, want_s)
+        np.testing.assert_array_equal(qb, want_q)
+    else:
+        m = np.asarray(mean, np.float64)[..., None]
+        yk = (f64(x) - m) * rs * f64(gamma) + f64(beta)
+        delta = 4e-7 * np.abs(yk).max(-1, keepdims=True) + 2.0 ** -22 * np.abs(yk)
+        cands = [_codes((yk + k * delta / 3).astype(np.float32), fmt, block, g) for k in range(-3, 4)]
+        nb = block // 2 if fmt == "nvfp4" else block  # code bytes a block
+        s_ok = np.zeros(sb.shape, bool)
+        q_ok = np.zeros(qb.shape, bool)
+        for cq, cs in cands:
+            same = cs == sb
+            s_ok |= same
+            q_ok |= (cq == qb) & np.repeat(same, nb, axis=-1)
+        assert s_ok.all(), f"{(~s_ok).sum()} scales are no y's within a few ulps"
+        assert q_ok.all(), f"{(~q_ok).sum()} codes are no y's within a few ulps"
+        near_q, near_s = cands[3]
+        assert (near_s != sb).mean() < 0.01 and (near_q != qb).mean() < 0.01
+    assert len(np.unique(qb)) > 8
+
+
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_kernel_residual_and_special_blocks(platform):
+    # GPU: the residual's h, and NaN, infinite, zero and tiny blocks as the CPU defines them.
+    dev = jax.devices(platform)[0]
+    x = random(7, (4, 256), jnp.bfloat16, offset=0.5)
+    r = random(8, (4, 256), jnp.bfloat16)
+    gamma = np.ones(256, np.float32)
+    gamma[3], gamma[40], gamma[64:96], gamma[96:112] = np.nan, np.inf, 0.0, 1e-30
+    cpu_args = (x, r, jnp.asarray(gamma))
+    gpu_args = [jax.device_put(a, dev) for a in cpu_args]
+    for fn in (lambda x, r, g: jrn.rms_norm_mxfp8(x, g, residual=r),
+               lambda x, r, g: jrn.rms_norm_nvfp4(x, g, residual=r, global_scale=0.01),
+               lambda x, r, g: jrn.layer_norm_mxfp8(x, g, residual=r, out_dtype=E5M2)):
+        on_gpu, on_cpu = fn(*gpu_args), fn(*cpu_args)
+        assert list(on_gpu[0].devices())[0].platform == "gpu"
+        np.testing.assert_array_equal(np.asarray(on_gpu[2]), np.asarray(on_cpu[2]))  # h
+        # the special blocks' scales and codes are the CPU's; elsewhere a
+        # LayerNorm code may round the other way (other summation order)
+        sg, sc, qg, qc = _bits(on_gpu[1]), _bits(on_cpu[1]), _bits(on_gpu[0]), _bits(on_cpu[0])
+        special = [0, 1, 2] if sg.shape[-1] == 8 else [0, 2, 4, 5, 6]  # NaN, inf, zero (and tiny) blocks
+        np.testing.assert_array_equal(sg[:, special], sc[:, special])
+        assert (sg != sc).mean() < 0.05 and (qg != qc).mean() < 0.01
+
+
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_kernel_columnwise_refused(platform):
+    x = jax.device_put(jnp.ones((64, 64), jnp.bfloat16), jax.devices(platform)[0])
+    with pytest.raises(NotImplementedError, match="columnwise copy"):
+        jrn.rms_norm_mxfp8(x, transpose=True)
