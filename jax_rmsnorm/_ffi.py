@@ -69,6 +69,11 @@ PLAN_DEVICES = {
 }
 
 
+_FWD_OPTIONS = frozenset({"gamma", "beta", "zero_centered", "groups", "residual", "residual_f32", "h_f32", "quant",
+                          "group_size", "group_scale", "tensors", "qt", "fp8_x", "x_group", "given_stats", "aligned"})
+_BWD_OPTIONS = frozenset({"gamma", "param_outputs", "groups", "coef", "dh", "aligned", "slots"})
+
+
 def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", param_dtype=None, **options) -> str:
     """Which CUDA kernel, in which configuration, takes a normalization (a debugging aid).
 
@@ -79,7 +84,8 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     same fields. Forward options: ``gamma``, ``beta``, ``zero_centered``,
     ``groups`` (parameter groups, from vmap), ``residual`` with ``residual_f32``
     and ``h_f32``, ``quant`` (``"none"``, ``"tensor"``, ``"row"``, ``"group"``,
-    ``"current"``) with ``group_size``, ``tensors`` and ``qt`` (current
+    ``"current"``) with ``group_size``, ``group_scale`` (``"float32"``, ``"pow2"``, ``"e8m0"``,
+    ``"nvfp4"``), ``tensors`` and ``qt`` (current
     scaling's transposed copy), ``fp8_x`` with ``x_group``, ``given_stats``,
     ``aligned`` (all buffers 16-byte aligned; XLA's always are). Backward
     options: ``gamma``, ``param_outputs`` (dgamma and dbeta wanted), ``groups``,
@@ -107,6 +113,10 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     rows = 1
     for s in shape[:-1]:
         rows *= s
+    known = _FWD_OPTIONS if direction == "fwd" else _BWD_OPTIONS
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"describe_plan: unknown {direction} option(s) {unknown}; known: {sorted(known)}")
     dev = PLAN_DEVICES[device] if isinstance(device, str) else dict(device)
     problem = dict(kind=kind, dtype=dtype_name(dtype), rows=rows, hidden=hidden, **options)
     if param_dtype is not None:

@@ -80,6 +80,12 @@ def cases(device):
                     yield "", "fwd", kind, shape, dt, dict(groups=4)
                     yield "", "fwd", kind, shape, dt, dict(fp8_x=True, x_group=128)
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16)
+                    # the block-scaled rules (MXFP8, NVFP4, power-of-two 1x128)
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=32, group_scale="e8m0")
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16, group_scale="nvfp4")
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16, group_scale="nvfp4",
+                                                           aligned=False)
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=128, group_scale="pow2")
                 yield "", "bwd", kind, shape, dt, dict(gamma=False, param_outputs=0)
                 yield "", "bwd", kind, shape, dt, dict(coef=True)
                 yield "", "bwd", kind, shape, dt, dict(aligned=False)
@@ -130,6 +136,12 @@ def test_plan_examples():
     # Rows a cluster wide take fwd_slices on an H100, which an A100 has not.
     assert describe_plan("fwd", "layer", (512, 262144), "bfloat16").startswith("fwd_slices[cluster_refill")
     assert not describe_plan("fwd", "layer", (512, 262144), "bfloat16", device="a100").startswith("fwd_slices")
+    # Block-scaled outputs take the row-holding kernels, as per-group FP8 does;
+    # NVFP4 in single elements (unaligned) streams.
+    assert describe_plan("fwd", "rms", (32768, 4096), "bfloat16", quant="group", group_size=32,
+                         group_scale="e8m0").startswith("fwd_slices")
+    assert describe_plan("fwd", "rms", (4, 4096), "bfloat16", quant="group", group_size=16, group_scale="nvfp4",
+                         aligned=False).startswith("fwd_stream")
 
 
 def test_describe_plan_errors():
@@ -141,6 +153,10 @@ def test_describe_plan_errors():
         describe_plan("fwd", "rms", (4, 8), "float64")
     with pytest.raises(ValueError, match="quant"):
         describe_plan("fwd", "rms", (4, 8), "float32", quant="blocks")
+    with pytest.raises(ValueError, match="group_scale"):
+        describe_plan("fwd", "rms", (4, 32), "float32", quant="group", group_size=32, group_scale="e4m3")
+    with pytest.raises(TypeError, match="unknown fwd option"):
+        describe_plan("fwd", "rms", (4, 32), "float32", quant="group", group_scales="e8m0")
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--update"]:

@@ -42,6 +42,14 @@ Quant quant_of(const nb::dict& d) {
   if (s == "current") return Quant::kCurrent;
   throw std::invalid_argument("quant must be none, tensor, row, group or current, got " + s);
 }
+GroupScale group_scale_of(const nb::dict& d) {
+  const std::string s = d.contains("group_scale") ? nb::cast<std::string>(d["group_scale"]) : "float32";
+  if (s == "float32") return GroupScale::kFloat;
+  if (s == "pow2") return GroupScale::kPow2;
+  if (s == "e8m0") return GroupScale::kE8M0;
+  if (s == "nvfp4") return GroupScale::kNvfp4;
+  throw std::invalid_argument("group_scale must be float32, pow2, e8m0 or nvfp4, got " + s);
+}
 
 Device device_of(const nb::dict& d) {
   Device dev;
@@ -81,6 +89,7 @@ FwdProblem fwd_problem_of(const nb::dict& d) {
   p.fp8_x = flag(d, "fp8_x", false);
   p.x_group = get(d, "x_group", 0);
   p.group_size = get(d, "group_size", 0);
+  p.group_scale = group_scale_of(d);
   p.qt = flag(d, "qt", false);
   p.tensors = get(d, "tensors", 1);
   const bool aligned = flag(d, "aligned", true);

@@ -168,14 +168,15 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
   plan.key = {p.kind, p.quant, p.x, p.param, vec, fp8_x};
   const FwdKey& k = plan.key;
   const int64_t nvec = p.hidden / vec;
-  // Groups are taken by shuffles in fwd_regs when they span a power of two of
-  // at most 32 lanes; other group sizes stream.
+  // Groups are taken by shuffles in fwd_regs / fwd_slices when they span a
+  // power of two of at most 32 lanes; other group sizes stream, and so do
+  // NVFP4's codes in single elements (they go two a byte).
   int lanes = 1;
   bool regs_ok = true;
   if (p.quant == Quant::kGroup) {
     lanes = static_cast<int>(p.group_size / vec);
     regs_ok = p.group_size % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0 &&
-              p.group_scale == GroupScale::kFloat;  // other rules: fwd_stream alone for now (group-scale-stream)
+              !(p.group_scale == GroupScale::kNvfp4 && vec == 1);
   }
   const int64_t cta_vecs = static_cast<int64_t>(p.quant == Quant::kNone ? kMaxRowThreads : kQuantRowThreads) * kRegItems;
   plan.kernel = FwdKernel::kRegs;
@@ -241,7 +242,7 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
     return plan;
   }
   plan.kernel = FwdKernel::kStream;
-  plan.rule = p.quant == Quant::kGroup && p.group_scale != GroupScale::kFloat ? "group-scale-stream" : "fwd-stream";
+  plan.rule = "fwd-stream";
   plan.items = 0;
   plan.threads = kStreamThreads;
   plan.rows_per_cta = 1;

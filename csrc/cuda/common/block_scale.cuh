@@ -89,26 +89,36 @@ __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float
 }
 
 // The scale of group `index` (of a row-major rows x hidden / group_size grid)
-// from its max |y|, stored where the rule keeps it; returns the group's coding.
-// kFloat and kPow2 keep float32 scales (quant_scale, then pow2_ceil); the
-// block formats a byte each.
-__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g) {
+// from its max |y|, stored where the rule keeps it if `store` (one of the
+// threads sharing a group); returns the group's coding. kFloat and kPow2 keep
+// float32 scales (quant_scale, then pow2_ceil); the block formats a byte each.
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g,
+                                                 bool store = true) {
   GroupCode c;
   switch (a.group_scale) {
-    case GroupScale::kE8M0:
-      a.block_scales[index] = mxfp8_scale(gm, a.fp8, c);
+    case GroupScale::kE8M0: {
+      const uint8_t e = mxfp8_scale(gm, a.fp8, c);
+      if (store) a.block_scales[index] = e;
       break;
-    case GroupScale::kNvfp4:
-      a.block_scales[index] = nvfp4_scale(gm, g, c);
+    }
+    case GroupScale::kNvfp4: {
+      const uint8_t s = nvfp4_scale(gm, g, c);
+      if (store) a.block_scales[index] = s;
       break;
+    }
     default: {
       float s = quant_scale(gm, a.fp8, a.scale_ub);
       if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
-      a.qscale[index] = s;
+      if (store) a.qscale[index] = s;
       c.mul = 1.f / s;
     }
   }
   return c;
+}
+
+// NVFP4's global scale for `row` (the kernel reads it per tensor), else 1.
+__device__ __forceinline__ float group_global(const FwdArgs& a, int64_t row) {
+  return a.group_scale == GroupScale::kNvfp4 ? a.scale[a.tensor_of(row)] : 1.f;
 }
 
 }  // namespace jrn::cuda

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "../common/async_copy.cuh"
+#include "../common/block_scale.cuh"
 #include "../common/cluster.cuh"
 #include "common.cuh"
 
@@ -515,24 +516,33 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // least denormal, or infinite, where y is NaN either way.)
           // The scale's reciprocal comes from quant_rcp, not a division (every
           // lane of a group takes it, each pack; docs/tuning.md, quant-rcp).
-          constexpr bool kLateRstd = K == NormKind::kRms;
+          // The other scale rules (block_scale.cuh) code y itself, rstd applied
+          // first (the codes are those of y's float32 values).
+          const bool by_rule = a.group_scale != GroupScale::kFloat;
+          const bool late = K == NormKind::kRms && !by_rule;
+          const float global = group_global(a, row);
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             float v[VEC];
             if constexpr (HOLD_Y) {
-              held_y(i, kLateRstd ? 1.f : rstd, v);
+              held_y(i, late ? 1.f : rstd, v);
             } else {
-              y_by(i, v, kLateRstd ? 1.f : rstd);
+              y_by(i, v, late ? 1.f : rstd);
             }
             float gm = 0.f;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
             gm = groups.max_over_lanes(gm);
-            if constexpr (kLateRstd) gm *= rstd;
+            if (late) gm *= rstd;
             if (in[i]) {
-              const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-              store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
-              if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+              if (by_rule) {
+                const GroupCode code = group_scale(a, groups.index(out + local(i)), gm, global, groups.leader());
+                store_group<VEC>(a, out + local(i), v, global, code);
+              } else {
+                const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+                store_q<VEC>(qrow + local(i), a.fp8, v, late ? rstd * quant_rcp(scale) : quant_rcp(scale));
+                if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+              }
             }
           }
         }

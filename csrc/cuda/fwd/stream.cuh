@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     // group scale's rule (block_scale.cuh). NVFP4's codes go two a byte:
     // single-element packs are taken in pairs (its groups are even).
     const int64_t G = a.group_size, gvec = G / VEC;
-    const float global = a.group_scale == GroupScale::kNvfp4 ? a.scale[a.tensor_of(row)] : 1.f;
+    const float global = group_global(a, row);
     const bool pairs = VEC == 1 && a.group_scale == GroupScale::kNvfp4;
     for (int64_t g = threadIdx.x; g < H / G; g += blockDim.x) {
       float gm = 0.f;
