@@ -595,7 +595,7 @@ _COLUMNWISE_DOC = """
     block)`` in the scales' dtype; under ``vmap`` both gain the leading
     example axis. ``rows`` must be a multiple of the block (ValueError
     otherwise). ``q_t``'s cotangent is added to ``q``'s (transposed); its
-    scales have none. CPU only for now; under a sharded ``jit`` each
+    scales have none. Under a sharded ``jit`` each
     tensor's rows are gathered onto every device for it.
 """
 

@@ -166,7 +166,7 @@ def norm_fwd(x, gamma, beta, *, kind, eps, zero_centered_gamma, has_gamma, has_b
 # scales (``x.shape[:-1] + (hidden // group_size,)``), or scale_inv (quant
 # "current": shaped like ``scale``, whose values are not read). With ``transpose``
 # (quant "current"): qt, y's bytes transposed per tensor, ``scale.shape + (hidden,
-# rows per tensor)``, written by the same kernels; (quant "group", CPU only): qt
+# rows per tensor)``, written by the same kernels; (quant "group"): qt
 # the columnwise copy, each tensor's float32 y transposed so and quantized along
 # its rows in groups of ``group_size`` by the same rule, and qts its scales,
 # ``scale.shape + (hidden, rows per tensor // group_size)`` (``scale`` counts
@@ -888,7 +888,6 @@ def _register(prim, family, abstract, batch):
         return rule
 
     def cuda_rule(ctx, *args, **params):
-        _check_cuda_kernels(params)
         return (lowering("cuda") if _ffi.cuda_built() else _no_cuda_lowering)(ctx, *args, **params)
 
     compiled_impl(prim)
@@ -897,16 +896,6 @@ def _register(prim, family, abstract, batch):
     batching.primitive_batchers[prim] = batch
     mlir.register_lowering(prim, lowering("cpu"), platform="cpu")
     mlir.register_lowering(prim, cuda_rule, platform="cuda")
-
-
-def _check_cuda_kernels(params):
-    """Refuses, when lowering for a GPU, what has no CUDA kernels yet: the
-    per-group output's columnwise copy (CPU only for now)."""
-    fused = params.get("fused")
-    if fused is not None and fused.columnwise:
-        raise NotImplementedError("jax_rmsnorm: the columnwise copy of per-group FP8/FP4 output (transpose=True) "
-                                  "has no CUDA kernel yet: it runs on the CPU only (put its inputs on a CPU "
-                                  "device, or jit it for the CPU)")
 
 
 _register(norm_fwd_p, "fwd", _fwd_abstract, _fwd_batch)

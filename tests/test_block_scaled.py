@@ -606,10 +606,13 @@ def test_columnwise_sharded_jit_and_empty():
 
 @pytest.mark.parametrize("call", [lambda x: jrn.rms_norm_mxfp8(x, transpose=True),
                                   lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=32, transpose=True)])
-def test_columnwise_gpu_lowering_refused(call):
+def test_columnwise_lowers_for_gpu(call):
+    from jax_rmsnorm import _ffi
+    if not _ffi.cuda_built():
+        pytest.skip("the CUDA module is not built")
     x = jnp.ones((64, 64), jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="columnwise copy .* has no CUDA kernel yet"):
-        jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+    text = jax.jit(call).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "jrn_rms_norm_fwd" in text
 
 
 # ---------------------------------------------------------------------------
@@ -732,8 +735,63 @@ def test_kernel_residual_and_special_blocks(platform):
         assert (sg != sc).mean() < 0.05 and (qg != qc).mean() < 0.01
 
 
+@pytest.mark.parametrize("fmt", list(GPU_FORMATS))
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("platform", ["gpu"])
-def test_kernel_columnwise_refused(platform):
-    x = jax.device_put(jnp.ones((64, 64), jnp.bfloat16), jax.devices(platform)[0])
-    with pytest.raises(NotImplementedError, match="columnwise copy"):
-        jrn.rms_norm_mxfp8(x, transpose=True)
+def test_kernel_columnwise(kind, fmt, platform):
+    # fwd_columns: q_t's codes and scales are the reference quantizer's of y
+    # transposed (each tensor's), from the kernel's statistics; as in
+    # test_kernel_codes, RMSNorm bit for bit, LayerNorm within a few ulps.
+    # Two tensors (vmap), rows a multiple of every block.
+    from jax_rmsnorm import _primitives as prim
+
+    rule, block, codes = GPU_FORMATS[fmt]
+    key = case_key(("gpu_cols", kind, fmt))
+    x = random(key, (2, 256, 384), jnp.bfloat16, scale=2.0, offset=0.3)
+    gamma, beta = _params(kind, 384, jnp.bfloat16, key, spread=6)
+    y64, _, _ = ref_forward(kind, x, gamma, beta, EPS[kind])
+    g = np.float32(np.abs(y64).max() / (6 * 448))
+    spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule,
+                          transpose=True)
+    dev = jax.devices(platform)[0]
+
+    def one(x, gamma, beta, g):
+        q, mean, rstd, _, qs, qt, qts = prim.norm_fwd_fused(
+            x, gamma, gamma if beta is None else beta, None, g, None, kind=kind, eps=EPS[kind],
+            zero_centered_gamma=False, has_gamma=True, has_beta=beta is not None, fused=spec)
+        return qt, qts, mean, rstd
+
+    args = [jax.device_put(a, dev) if a is not None else None for a in (x, gamma, beta)]
+    gs = jax.device_put(jnp.full((2,), g, jnp.float32), dev)
+    poison(platform, 16 * x.size + 4096)
+    qt, qts, mean, rstd = jax.jit(jax.vmap(one, in_axes=(0, None, None, 0)))(*args, gs)
+    assert qt.shape == (2, 384, 256) and qts.shape == (2, 384, 256 // block)
+    qb, sb = _bits(qt), (np.asarray(qts).view(np.uint32) if fmt == "pow2" else _bits(qts))
+    rs = np.asarray(rstd, np.float32)[..., None]
+    if kind == "rms":
+        yk = (np.asarray(x, np.float32) * rs) * np.asarray(gamma, np.float32)
+        want_q, want_s = _codes(np.swapaxes(yk, -1, -2), fmt, block, g)
+        np.testing.assert_array_equal(sb, want_s)
+        np.testing.assert_array_equal(qb, want_q)
+    else:
+        yk = (f64(x) - np.asarray(mean, np.float64)[..., None]) * rs * f64(gamma) + f64(beta)
+        delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
+        cands = [_codes(np.swapaxes(yk + k * delta / 3, -1, -2).astype(np.float32), fmt, block, g)
+                 for k in range(-3, 4)]
+        nb = block // 2 if fmt == "nvfp4" else block
+        s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
+        for cq, cs in cands:
+            same = cs == sb
+            s_ok |= same
+            q_ok |= (cq == qb) & np.repeat(same, nb, axis=-1)
+        assert s_ok.all() and q_ok.all(), ((~s_ok).sum(), (~q_ok).sum())
+    assert len(np.unique(qb)) > 8
+    # the public function's copy on the GPU is the same kernel's
+    pub = jax.vmap(lambda x, g_: (_mxfp8(kind, x, *args[1:], transpose=True) if fmt == "mxfp8" else
+                                  _nvfp4(kind, x, *args[1:], global_scale=g_, transpose=True) if fmt == "nvfp4" else
+                                  (jrn.rms_norm_fp8_groupwise(x, args[1], group_size=block, power_of_two_scales=True,
+                                                              transpose=True) if kind == "rms" else
+                                   jrn.layer_norm_fp8_groupwise(x, *args[1:], group_size=block,
+                                                                power_of_two_scales=True, transpose=True))),
+                   in_axes=(0, 0))(args[0], gs)
+    np.testing.assert_array_equal(_bits(pub[2]), qb)

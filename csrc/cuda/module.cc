@@ -13,7 +13,8 @@
 namespace jrn {
 
 struct CudaBackend {
-  static constexpr bool kGroupScales = true;  // every GroupScale (norm_fused.h), in fwd_stream
+  static constexpr bool kGroupScales = true;   // every GroupScale (norm_fused.h)
+  static constexpr bool kGroupColumns = true;  // and the columnwise copy (fwd_columns)
   using Bf16 = __nv_bfloat16;
   using F16 = __half;
   template <NormKind K, class T, class P>

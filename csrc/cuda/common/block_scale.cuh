@@ -72,12 +72,12 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], f
   }
 }
 
-// A group's codes of N values of y at element `idx` of q (FP8 or NVFP4 by
-// the rule).
+// A group's codes of N values of y at element `idx` of the codes at `q`
+// (FP8 or NVFP4 by the rule): q, or the columnwise copy q_t.
 template <int N>
-__device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], float g,
+__device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64_t idx, float (&y)[N], float g,
                                             const GroupCode& c) {
-  uint8_t* q = static_cast<uint8_t*>(a.y);
+  uint8_t* q = static_cast<uint8_t*>(codes);
   if (a.group_scale == GroupScale::kNvfp4) {
     if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, g, c);  // odd N never: callers pair elements
   } else if (c.finite) {
@@ -87,33 +87,44 @@ __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float
     for (int j = 0; j < N; ++j) q[idx + j] = static_cast<uint8_t>(fp8_nan_code(a.fp8));
   }
 }
+template <int N>
+__device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], float g,
+                                            const GroupCode& c) {
+  store_codes<N>(a, a.y, idx, y, g, c);
+}
 
 // The scale of group `index` (of a row-major rows x hidden / group_size grid)
 // from its max |y|, stored where the rule keeps it if `store` (one of the
 // threads sharing a group); returns the group's coding. kFloat and kPow2 keep
 // float32 scales (quant_scale, then pow2_ceil); the block formats a byte each.
-__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g,
-                                                 bool store = true) {
+// `scales`: bytes for the block formats, else float32 (q's, or q_t's).
+__device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scales, int64_t index, float gm,
+                                                    float g, bool store = true) {
   GroupCode c;
   switch (a.group_scale) {
     case GroupScale::kE8M0: {
       const uint8_t e = mxfp8_scale(gm, a.fp8, c);
-      if (store) a.block_scales[index] = e;
+      if (store) static_cast<uint8_t*>(scales)[index] = e;
       break;
     }
     case GroupScale::kNvfp4: {
       const uint8_t s = nvfp4_scale(gm, g, c);
-      if (store) a.block_scales[index] = s;
+      if (store) static_cast<uint8_t*>(scales)[index] = s;
       break;
     }
     default: {
       float s = quant_scale(gm, a.fp8, a.scale_ub);
       if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
-      if (store) a.qscale[index] = s;
+      if (store) static_cast<float*>(scales)[index] = s;
       c.mul = 1.f / s;
     }
   }
   return c;
+}
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g,
+                                                 bool store = true) {
+  void* scales = a.block_scales ? static_cast<void*>(a.block_scales) : static_cast<void*>(a.qscale);
+  return group_scale_to(a, scales, index, gm, g, store);
 }
 
 // NVFP4's global scale for `row` (the kernel reads it per tensor), else 1.

@@ -18,6 +18,7 @@
 
 #include "../common/launch.cuh"
 #include "../launch.h"
+#include "columns.cuh"
 #include "decode.cuh"
 #include "fp8_in.cuh"
 #include "regs.cuh"
@@ -300,7 +301,9 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
     case Quant::kNone: return run_fwd<K, Quant::kNone, T, P>(stream, a, p);
     case Quant::kTensor: return run_fwd<K, Quant::kTensor, T, P>(stream, a, p);
     case Quant::kRow: return run_fwd<K, Quant::kRow, T, P>(stream, a, p);
-    case Quant::kGroup: return run_fwd<K, Quant::kGroup, T, P>(stream, a, p);
+    case Quant::kGroup:
+      JRN_RETURN_IF_ERROR((run_fwd<K, Quant::kGroup, T, P>(stream, a, p)));
+      return a.qt ? launch_columns<K, T, P>(stream, a) : ffi::Error::Success();  // the columnwise copy
     case Quant::kCurrent: break;
   }
   return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
