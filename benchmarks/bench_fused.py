@@ -55,10 +55,11 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
        "rms_fp8_group", "ln_fp8_group", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
        "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor",
-       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4"]
+       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "rms_nvfp4_t"]
 # Block-scaled outputs: (block size, jax.nn quantizer mode). NVFP4's global
 # scale is given (what the norm's caller would pass); bytes: codes (half a
-# byte each for NVFP4) and one scale byte per block.
+# byte each for NVFP4) and one scale byte per block. ``_t``: with the
+# columnwise copy (transpose=True), q_t and its scales counted once more.
 BLOCK = {"mxfp8": 32, "nvfp4": 16}
 NVFP4_GLOBAL = 1.0 / (6 * 448)
 
@@ -143,9 +144,16 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         kw = dict(out_dtype=FP8[fmt]) if block == "mxfp8" else dict(global_scale=NVFP4_GLOBAL)
         fn = {("rms", "mxfp8"): jrn.rms_norm_mxfp8, ("layer", "mxfp8"): jrn.layer_norm_mxfp8,
               ("rms", "nvfp4"): jrn.rms_norm_nvfp4, ("layer", "nvfp4"): jrn.layer_norm_nvfp4}[kind, block]
+        if op.endswith("_t"):
+            kw["transpose"] = True
         ours = jax.jit(lambda x: fn(x, g, **kw) if kind == "rms" else fn(x, g, b, **kw))
-        comp = jax.jit(lambda x: block_quantize(jnp_norm32(kind, x, g, b), block, fmt))
-        return ours, comp, plain, kind, False, block, False
+
+        def comp(x):
+            y = jnp_norm32(kind, x, g, b)
+            out = block_quantize(y, block, fmt)
+            return (*out, *block_quantize(y.T, block, fmt)) if op.endswith("_t") else out
+
+        return ours, jax.jit(comp), plain, kind, False, block, False
     if op.startswith("fp8in"):  # (q, x_scale) -> y in g's dtype
         gs = None if op.endswith("_tensor") else group
         norm = jrn.rms_norm if kind == "rms" else partial(jrn.layer_norm, beta=b)
@@ -222,8 +230,9 @@ def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
     if backward:  # forward: x, r read, h, y written; backward: dy, dh, h read, dx written
         return 8 * m * h * s + 3 * params + 2 * stats
     out = m * h * (1 if mode else s)
-    if mode in BLOCK:  # codes and one byte of scale a block
-        return m * h * s + m * h * (1 if mode == "mxfp8" else 0.5) + m * (h // BLOCK[mode]) + params
+    if mode in BLOCK:  # codes and one byte of scale a block (twice with the columnwise copy)
+        out = m * h * (1 if mode == "mxfp8" else 0.5) + m * (h // BLOCK[mode])
+        return m * h * s + out * (2 if op.endswith("_t") else 1) + params
     qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
     out *= 2 if op.endswith("_current_t") else 1  # q and q_t
     return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
@@ -292,7 +301,8 @@ def main():
             plain_t = {}  # the plain norm's time, once a kind
             for op in args.ops:
                 if ((op.endswith("_group") or op.startswith("fp8in")) and h % args.group) or (
-                        op.split("_")[1] in BLOCK and h % BLOCK[op.split("_")[1]]):
+                        op.split("_")[1] in BLOCK and (h % BLOCK[op.split("_")[1]] or (
+                            op.endswith("_t") and m % BLOCK[op.split("_")[1]]))):
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
                                                                       jnp.float32(100.0), not args.fwdbwd_drop_h,
