@@ -595,8 +595,9 @@ _COLUMNWISE_DOC = """
     block)`` in the scales' dtype; under ``vmap`` both gain the leading
     example axis. ``rows`` must be a multiple of the block (ValueError
     otherwise). ``q_t``'s cotangent is added to ``q``'s (transposed); its
-    scales have none. Under a sharded ``jit`` each
-    tensor's rows are gathered onto every device for it.
+    scales have none. Under a sharded ``jit``, rows split along ``x``'s
+    first dim into whole blocks stay on their devices (``q_t`` split along
+    its last dim); other splits are gathered for the call.
 """
 
 for _f in (rms_norm_fp8, layer_norm_fp8, rms_norm_fp8_current, layer_norm_fp8_current, rms_norm_fp8_rowwise,

@@ -100,6 +100,7 @@ P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
 E = "e"   # (0,): an absent parameter's placeholder
 S = "s"   # replicated: a per-tensor scale or amax (one per vmapped example)
 G = "g"   # (rows..., hidden // group_size): per-group FP8 scales, split with the hidden dim
+T = "t"   # (hidden, rows): the per-group output's columnwise copy and its scales, split with the first row dim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,8 +253,10 @@ def _fwd_roles(kind, has_gamma, has_beta, given_stats, fused=None, **_):
     if fused is not None:
         h = X if fused.residual else E
         qs = {None: E, "tensor": S, "current": S, "row": R, "group": G}[fused.quant]
-        # qt, qts: transposed copies take whole tensors (never split), like placeholders.
-        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs, E, E]
+        # qt, qts: current scaling's transposed copy takes whole tensors (never
+        # split), like a placeholder; the columnwise copy splits with the rows.
+        qt = T if fused.columnwise else E
+        return [X, *params, h, S, C if fused.x_group_size else E], [X, *stats, h, qs, qt, qt]
     operands = [X, *params, *(stats if given_stats else [])]
     return operands, [X] if given_stats else [X, *stats]
 
@@ -758,7 +761,8 @@ def _layout(st, mesh, arg_infos, result_infos):
         if not hidden_splittable(fused, first.shape[-1] // n_hidden):
             hidden = None
         scale = arg_infos[-2]
-        if fused.quant == "current" or fused.transpose or (fused.global_scale and scale.shape):
+        if fused.quant == "current" or (fused.transpose and not _columns_split(fused, mesh, rows, first.shape, scale.shape)) or (
+                fused.global_scale and scale.shape):
             rows = (None,) * len(rows)
 
     def spec_for(role, info_shape):
@@ -772,11 +776,24 @@ def _layout(st, mesh, arg_infos, result_infos):
             return PartitionSpec(*rows, hidden)
         if role == P:
             return PartitionSpec(*rows[:len(info_shape) - 1], hidden)
+        if role == T:  # (hidden, rows): the rows split as x's first row dim is
+            return PartitionSpec(*([None] * (len(info_shape) - 1)), rows[0] if rows else None)
         return PartitionSpec(*([None] * len(info_shape)))
 
     ins = [NamedSharding(mesh, spec_for(r, a.shape)) for r, a in zip(roles_in, arg_infos)]
     outs = [NamedSharding(mesh, spec_for(r, a.shape)) for r, a in zip(roles_out, result_infos)]
     return rows, hidden, ins, outs
+
+
+def _columns_split(fused, mesh, rows, shape, scale_shape):
+    """Whether the columnwise copy can be made where the rows lie: of one
+    tensor (``scale`` not vmapped), split along x's first row dim only (so each
+    device's rows are a contiguous run of the flattened rows, and of q_t's
+    last dim), each device holding whole blocks of rows."""
+    if not fused.columnwise or scale_shape or not rows or rows[0] is None or any(e is not None for e in rows[1:]):
+        return False
+    n = math.prod(mesh.shape[a] for a in _axes_of(rows[0]))
+    return (math.prod(shape[:-1]) // n) % fused.group_size == 0
 
 
 def _partition(st, mesh, arg_infos, result_infos):
@@ -846,6 +863,16 @@ def _sharding_rule(st, mesh, operand_types, result_types):
         hidden_size = tensor_shape(operand_types[roles_in.index(X)])[-1]
         grouped = (hidden_size // fused.group_size) % math.prod(mesh.shape.values()) == 0
     hidden = "(h k)" if grouped else "h"
+    # The columnwise copy of rank-2 x: the rows are the compound (r0 b), b
+    # rows a block, so that q_t's scales (hidden, rows / b) split with them.
+    # Only where any split of the rows over the mesh falls on whole blocks, as
+    # for (h k).
+    columns = fused is not None and fused.columnwise and n_rows == 1
+    if columns:
+        n_blocks = tensor_shape(operand_types[roles_in.index(X)])[0] // fused.group_size
+        columns = n_blocks % math.prod(mesh.shape.values()) == 0
+    if columns:
+        rows = ["(r0 b)"]
 
     def factors(role, rank):
         if role == X:
@@ -858,12 +885,22 @@ def _sharding_rule(st, mesh, operand_types, result_types):
             return rows + (["h"] if grouped else [f"g{next(fresh)}"])
         if role == P:
             return rows[:rank - 1] + [hidden]
+        if role == T and columns and rank == 2:  # (hidden, rows) and (hidden, rows / b)
+            return [f"e{next(fresh)}", rows[0] if next(t_seen) == 0 else "r0"]
         return [f"e{next(fresh)}" for _ in range(rank)]
 
+    t_seen = iter(range(2))  # q_t, then its scales
     side = lambda roles, ranks: ", ".join(" ".join(factors(r, n)) for r, n in zip(roles, ranks))
     rule = f"{side(roles_in, ranks_in)} -> {side(roles_out, ranks_out)}"
-    # k is never split: a split of the hidden dim then falls on h alone.
-    return (rule, {"k": fused.group_size, "need_replication_factors": ("k",)}) if grouped else rule
+    # k and b are never split: a split of the hidden dim (the rows) then falls
+    # on h (r0) alone.
+    sizes, replicated = {}, ()
+    if grouped:
+        sizes["k"], replicated = fused.group_size, replicated + ("k",)
+    if columns:
+        sizes["b"], replicated = fused.group_size, replicated + ("b",)
+    replicated = tuple(sorted(replicated, key=rule.index))  # in the order the rule names them
+    return (rule, dict(sizes, need_replication_factors=replicated)) if sizes else rule
 
 
 def _make_partitioned(prim_name):

@@ -597,9 +597,20 @@ def test_columnwise_sharded_jit_and_empty():
                lambda x, g: jrn.layer_norm_nvfp4(x, g, g, global_scale=0.01, transpose=True)):
         f = jax.jit(fn)
         want = f(x, g)
-        for spec in (P("data", None), P(None, "model")):  # each tensor's rows are gathered for the copy
-            got = f(jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(g, NamedSharding(mesh, P(spec[1]))))
+        for spec in (P("data", None), P(None, "model")):
+            args = jax.device_put(x, NamedSharding(mesh, spec)), jax.device_put(g, NamedSharding(mesh, P(spec[1])))
+            got = f(*args)
             _assert_codes(got[2:], want[2:])
+            if spec[0]:  # rows split into whole blocks: each device copies its own rows, nothing gathered
+                N = lambda *s: NamedSharding(mesh, P(*s))
+                split = jax.jit(fn, out_shardings=(N("data", None),) * 2 + (N(None, "data"),) * 2)
+                assert "all-gather" not in split.lower(*args).compile().as_text()
+                got = split(*args)
+                assert got[2].sharding.spec == P(None, "data")
+                _assert_codes(got[2:], want[2:])
+        # rows split into parts of MXFP8 blocks (16 rows a device): gathered for the copy
+        mesh4 = jax.make_mesh((4,), ("data",), devices=jax.devices("cpu")[:4])
+        _assert_codes(f(jax.device_put(x, NamedSharding(mesh4, P("data", None))), g)[2:], want[2:])
     q, s, qt, st = jrn.rms_norm_mxfp8(jnp.zeros((0, 64), jnp.bfloat16), transpose=True)
     assert qt.shape == (64, 0) and st.shape == (64, 0) and st.dtype == np.dtype(jnp.float8_e8m0fnu)
 
