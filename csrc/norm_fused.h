@@ -39,7 +39,7 @@ JRN_HOST_DEVICE inline uint32_t fp8_nan_code(Fp8 f) { return f == Fp8::kE4M3 ? 0
 //    which has no NaN), so the whole block dequantizes to NaN (the
 //    quantizer maps an E8M0 NaN scale to 2^-127 and saturates the block).
 //  * kPow2 (per-group FP8, float32 scales): quant_scale's scale rounded up
-//    to a power of two (pow2_ceil), codes saturate(y * (1 / scale)), exact.
+//    to a power of two (pow2_ceil_scale), codes saturate(y * (1 / scale)), exact.
 constexpr float kFp4Max = 6.f;
 constexpr uint8_t kE8M0Nan = 0xff, kE4M3Nan = 0x7f;
 
@@ -57,7 +57,7 @@ JRN_HOST_DEVICE inline float bits_float(uint32_t u) {
 
 // kPow2: a scale (> 0) rounded up to a power of two: the exponent, plus one
 // where mantissa bits are set; infinity and NaN as they are.
-JRN_HOST_DEVICE inline float pow2_ceil(float s) {
+JRN_HOST_DEVICE inline float pow2_ceil_scale(float s) {
   const uint32_t u = float_bits(s);
   if ((u & 0x7f800000u) == 0x7f800000u || (u & 0x7fffffu) == 0) return s;
   return bits_float((u & 0xff800000u) + 0x800000u);

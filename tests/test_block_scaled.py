@@ -708,7 +708,7 @@ def test_kernel_codes(kind, dtype, fmt, shape, platform):
         yk = (f64(x) - m) * rs * f64(gamma) + f64(beta)
         delta = 4e-7 * np.abs(yk).max(-1, keepdims=True) + 2.0 ** -22 * np.abs(yk)
         cands = [_codes((yk + k * delta / 3).astype(np.float32), fmt, block, g) for k in range(-3, 4)]
-        nb = block // 2 if fmt == "nvfp4" else block  # code bytes a block
+        nb = block  # codes a block (the float4 codes read back one a byte)
         s_ok = np.zeros(sb.shape, bool)
         q_ok = np.zeros(qb.shape, bool)
         for cq, cs in cands:
@@ -789,7 +789,7 @@ def test_kernel_columnwise(kind, fmt, platform):
         delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
         cands = [_codes(np.swapaxes(yk + k * delta / 3, -1, -2).astype(np.float32), fmt, block, g)
                  for k in range(-3, 4)]
-        nb = block // 2 if fmt == "nvfp4" else block
+        nb = block
         s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
         for cq, cs in cands:
             same = cs == sb

@@ -232,7 +232,7 @@ inline void quantize_group(const FwdArgs& a, const float* v, int64_t n, uint8_t*
     quantize_nvfp4(v, n, g, q, bscale);
   } else {
     float s = quant_scale(abs_max(v, n), a.fp8, a.scale_ub);
-    if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
+    if (a.group_scale == GroupScale::kPow2) s = pow2_ceil_scale(s);  // then 1 / s is exact
     *fscale = s;
     quantize_n(v, n, 1.f / s, a.fp8, q);
   }

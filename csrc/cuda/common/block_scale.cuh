@@ -96,7 +96,7 @@ __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float
 // The scale of group `index` (of a row-major rows x hidden / group_size grid)
 // from its max |y|, stored where the rule keeps it if `store` (one of the
 // threads sharing a group); returns the group's coding. kFloat and kPow2 keep
-// float32 scales (quant_scale, then pow2_ceil); the block formats a byte each.
+// float32 scales (quant_scale, then pow2_ceil_scale); the block formats a byte each.
 // `scales`: bytes for the block formats, else float32 (q's, or q_t's).
 __device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scales, int64_t index, float gm,
                                                     float g, bool store = true) {
@@ -114,7 +114,7 @@ __device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scal
     }
     default: {
       float s = quant_scale(gm, a.fp8, a.scale_ub);
-      if (a.group_scale == GroupScale::kPow2) s = pow2_ceil(s);  // then 1 / s is exact
+      if (a.group_scale == GroupScale::kPow2) s = pow2_ceil_scale(s);  // then 1 / s is exact
       if (store) static_cast<float*>(scales)[index] = s;
       c.mul = 1.f / s;
     }

@@ -517,31 +517,46 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // The scale's reciprocal comes from quant_rcp, not a division (every
           // lane of a group takes it, each pack; docs/tuning.md, quant-rcp).
           // The other scale rules (block_scale.cuh) code y itself, rstd applied
-          // first (the codes are those of y's float32 values).
-          const bool by_rule = a.group_scale != GroupScale::kFloat;
-          const bool late = K == NormKind::kRms && !by_rule;
-          const float global = group_global(a, row);
+          // first (the codes are those of y's float32 values). Two loops, so
+          // that the float32 scales' registers are not those of both.
+          constexpr bool kLateRstd = K == NormKind::kRms;
+          if (a.group_scale == GroupScale::kFloat) {
 #pragma unroll
-          for (int i = 0; i < kSliceItems; ++i) {
-            float v[VEC];
-            if constexpr (HOLD_Y) {
-              held_y(i, late ? 1.f : rstd, v);
-            } else {
-              y_by(i, v, late ? 1.f : rstd);
+            for (int i = 0; i < kSliceItems; ++i) {
+              float v[VEC];
+              if constexpr (HOLD_Y) {
+                held_y(i, kLateRstd ? 1.f : rstd, v);
+              } else {
+                y_by(i, v, kLateRstd ? 1.f : rstd);
+              }
+              float gm = 0.f;
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
+              gm = groups.max_over_lanes(gm);
+              if constexpr (kLateRstd) gm *= rstd;
+              if (in[i]) {
+                const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+                store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
+                if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+              }
             }
-            float gm = 0.f;
+          } else {
+            const float global = group_global(a, row);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-            gm = groups.max_over_lanes(gm);
-            if (late) gm *= rstd;
-            if (in[i]) {
-              if (by_rule) {
+            for (int i = 0; i < kSliceItems; ++i) {
+              float v[VEC];
+              if constexpr (HOLD_Y) {
+                held_y(i, rstd, v);
+              } else {
+                y_by(i, v, rstd);
+              }
+              float gm = 0.f;
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
+              gm = groups.max_over_lanes(gm);
+              if (in[i]) {
                 const GroupCode code = group_scale(a, groups.index(out + local(i)), gm, global, groups.leader());
                 store_group<VEC>(a, out + local(i), v, global, code);
-              } else {
-                const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-                store_q<VEC>(qrow + local(i), a.fp8, v, late ? rstd * quant_rcp(scale) : quant_rcp(scale));
-                if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
               }
             }
           }
