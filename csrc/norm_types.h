@@ -15,7 +15,11 @@ constexpr int grad_sums_per_row(NormKind k) { return k == NormKind::kLayer ? 2 :
 // FP8 output of the fused forward (norm_fused.h): none, one scale per tensor
 // (given; amax returned), per row or per group of columns (computed), or one
 // per tensor computed from the tensor's own amax (current scaling).
-enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent };
+// kBlock names CUDA kernel instances only: a per-group output whose scales
+// follow a block rule (GroupScale other than kFloat). Arguments and plans
+// say kGroup; the launcher runs kBlock's instances where the rule is not
+// kFloat, so that float32 scales keep kernels free of the rules' code.
+enum class Quant { kNone, kTensor, kRow, kGroup, kCurrent, kBlock };
 enum class Fp8 { kE4M3, kE5M2 };
 
 // The scale of each group of a per-group output (Quant::kGroup): float32

@@ -15,7 +15,8 @@ namespace jrn::cuda {
 // (a NaN or infinite block); NVFP4's are E2M1(y / global / value), or all
 // +0 where `value` is 0 or the block is not finite.
 struct GroupCode {
-  float mul = 0.f;      // FP8: what y is multiplied by (kFloat, kPow2: 1 / scale; kE8M0: 2^(127 - e))
+  float mul = 0.f;      // FP8: what y is multiplied by (kFloat, kPow2: 1 / scale; kE8M0: 2^(127 - e));
+                        // NVFP4: (1 / g) * (1 / value), or 0 where the codes take the divisions
   float value = 0.f;    // NVFP4: the block scale's E4M3 value
   bool finite = true;   // the block holds no NaN or infinity
 };
@@ -43,6 +44,11 @@ __device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) 
   }
   const uint8_t s = __nv_cvt_float_to_fp8(__fdiv_rn(tmax, kFp4Max), __NV_SATFINITE, __NV_E4M3);
   c.value = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
+  // The multiplier of nvfp4_code's first try, where it is a normal number
+  // (1 / value lies within 2^-9..2^9; |g| within 2^-100..2^100 keeps the
+  // product far from float32's limits).
+  const float ag = fabsf(g);
+  c.mul = c.value != 0.f && ag >= 0x1p-100f && ag <= 0x1p100f ? __frcp_rn(g) * __frcp_rn(c.value) : 0.f;
   return s;
 }
 
@@ -56,19 +62,52 @@ __device__ __forceinline__ uint32_t e2m1(float v) {
   return ((__float_as_uint(v) >> 31) << 3) | c;
 }
 
+// The E2M1 code of y / g / value (each division rounded, as jax.nn's
+// quantizer takes them) in a block of finite values and value != 0. Two
+// divisions an element would make the NVFP4 output compute-bound, so the
+// quotient is first taken as t = y * c.mul, c.mul = RN(1 / g) * RN(1 / value):
+// t is within 3 ulps of the divisions' quotient. Every boundary of E2M1's
+// rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most two
+// bits, so where the low 21 bits of |t| lie farther than 16 ulps from 0
+// (mod 2^21) t and the quotient round to the same code, and any rounding of
+// ties will do: m < 1 takes RN(2m) (0, 0.5 or 1), m >= 1 rounds its mantissa
+// to one bit (half up) and reads code = exponent and bit, saturated at 6.
+// Elsewhere (zeros and values near a boundary included), and where
+// c.mul is 0, the divisions decide.
+__device__ __forceinline__ uint32_t nvfp4_code(float y, float g, const GroupCode& c) {
+  const float t = y * c.mul;
+  const uint32_t bits = __float_as_uint(t) & 0x7fffffffu;
+  if (c.mul == 0.f || ((bits + 16u) & 0x1fffffu) < 32u) return e2m1(__fdiv_rn(__fdiv_rn(y, g), c.value));
+  const float m = __uint_as_float(bits);
+  const uint32_t small = __float_as_uint(fmaf(m, 2.f, 0x1p23f)) - 0x4b000000u;  // RN(2m) for m < 1
+  const uint32_t big = min(((bits + 0x200000u) >> 22) - 252u, 7u);           // 1.0 -> 2 ... 6.0 -> 7
+  return ((__float_as_uint(t) >> 31) << 3) | (m < 1.f ? small : big);
+}
+
 // The NVFP4 codes of N (even) values of y, two a byte (the first in the low
 // 4 bits), at byte `dst`.
 template <int N>
 __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], float g, const GroupCode& c) {
   static_assert(N % 2 == 0, "store_nvfp4: two codes a byte");
+  const bool coded = c.finite && c.value != 0.f;
+  if constexpr (N % 8 == 0) {  // whole 32-bit words
 #pragma unroll
-  for (int j = 0; j < N; j += 2) {
-    uint32_t lo = 0, hi = 0;
-    if (c.finite && c.value != 0.f) {
-      lo = e2m1(__fdiv_rn(__fdiv_rn(y[j], g), c.value));
-      hi = e2m1(__fdiv_rn(__fdiv_rn(y[j + 1], g), c.value));
+    for (int w = 0; w < N / 8; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) word |= (coded ? nvfp4_code(y[8 * w + j], g, c) : 0u) << (4 * j);
+      reinterpret_cast<uint32_t*>(dst)[w] = word;
     }
-    dst[j / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; j += 2) {
+      uint32_t lo = 0, hi = 0;
+      if (coded) {
+        lo = nvfp4_code(y[j], g, c);
+        hi = nvfp4_code(y[j + 1], g, c);
+      }
+      dst[j / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
   }
 }
 

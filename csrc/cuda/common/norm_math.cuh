@@ -232,9 +232,10 @@ __device__ __forceinline__ float layer_shift(Elem&& elem, int64_t hidden) {
 // ---- RMSNorm's sum of squares, to the float32 maximum. The square of an
 // |x| of 2^64 or more overflows float32, so a row's sum of squares is kept
 // as a pair {sum(x^2), sum((x * 2^-80)^2)}: the second is finite for any
-// float32 row, and rms_rstd takes it where the first overflowed. The loops
-// over a row take the first alone; each thread then derives its second
-// (scaled_sq_of) before the pair is reduced as two sums.
+// float32 row, and rms_rstd takes it where the first overflowed. Most loops
+// over a row take the first alone and each thread then derives its second
+// (scaled_sq_of); fwd_slices sums both as it goes. The pair is reduced as
+// two sums.
 constexpr float kSqScale = 0x1p-80f;
 // A thread's scaled sum from its plain one: that times 2^-160 while it is
 // finite (flushing to zero where it cannot count next to a row's sum of at

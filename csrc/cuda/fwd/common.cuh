@@ -16,10 +16,15 @@ namespace jrn::cuda {
 namespace {
 using namespace ::jrn::fwd;
 
-// The static identity (plan::FwdKey) of the instances of these parameters.
+// A per-group output's instances: float32 scales (kGroup) or a block rule
+// (kBlock, norm_types.h).
+constexpr bool per_group(Quant q) { return q == Quant::kGroup || q == Quant::kBlock; }
+
+// The static identity (plan::FwdKey) of the instances of these parameters
+// (kBlock's are those the plan names as kGroup's).
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ = false>
 constexpr plan::FwdKey fwd_key() {
-  return {K, Q, dtype_of<T>(), dtype_of<P>(), VEC, XQ};
+  return {K, Q == Quant::kBlock ? Quant::kGroup : Q, dtype_of<T>(), dtype_of<P>(), VEC, XQ};
 }
 
 // The per-group FP8 scales of fwd_regs and fwd_slices, whose groups are a

@@ -206,8 +206,10 @@ ffi::Error run_packs(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan&
       if constexpr (!XQ) return run_two_pass<K, Q, T, P, VEC>(stream, a, p);
       break;
     case plan::FwdKernel::kStream:
+      // fwd_stream takes every group scale's rule at run time: kBlock runs
+      // kGroup's instance.
       if (p.ctas > INT32_MAX) return too_many_rows();
-      fwd_stream<K, Q, T, P, VEC, XQ><<<static_cast<unsigned>(p.ctas), p.threads, 0, stream>>>(a);
+      fwd_stream<K, Q == Quant::kBlock ? Quant::kGroup : Q, T, P, VEC, XQ><<<static_cast<unsigned>(p.ctas), p.threads, 0, stream>>>(a);
       return check_launch("fwd_stream");
     default: break;
   }
@@ -302,9 +304,11 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
     case Quant::kTensor: return run_fwd<K, Quant::kTensor, T, P>(stream, a, p);
     case Quant::kRow: return run_fwd<K, Quant::kRow, T, P>(stream, a, p);
     case Quant::kGroup:
-      JRN_RETURN_IF_ERROR((run_fwd<K, Quant::kGroup, T, P>(stream, a, p)));
+      JRN_RETURN_IF_ERROR((a.group_scale == GroupScale::kFloat ? run_fwd<K, Quant::kGroup, T, P>(stream, a, p)
+                                                               : run_fwd<K, Quant::kBlock, T, P>(stream, a, p)));
       return a.qt ? launch_columns<K, T, P>(stream, a) : ffi::Error::Success();  // the columnwise copy
-    case Quant::kCurrent: break;
+    case Quant::kCurrent:
+    case Quant::kBlock: break;
   }
   return ffi::Error::InvalidArgument("jax_rmsnorm: unknown quantization mode");
 }

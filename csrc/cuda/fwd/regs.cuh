@@ -298,35 +298,25 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
       if (in[i]) store_q<VEC>(a, row * H + column(i), v[i], inv);
     }
     if (valid && threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
-  } else if constexpr (Q == Quant::kGroup) {
+  } else if constexpr (per_group(Q)) {
     // A group is lane_mask + 1 consecutive threads (the launcher makes
-    // blockDim.x a multiple of it, at most 32): its max by shuffles among them.
-    // Float32 scales here; the other rules by block_scale.cuh.
-    // Two loops, so that the float32 scales' registers are not those of both.
+    // blockDim.x a multiple of it, at most 32): its max by shuffles among
+    // them. kGroup: float32 scales; kBlock: the rules of block_scale.cuh.
     const Pow2Groups groups(a.group_size, VEC);
-    if (a.group_scale == GroupScale::kFloat) {
+    const float global = Q == Quant::kBlock && valid ? group_global(a, row) : 1.f;
 #pragma unroll
-      for (int i = 0; i < kRegItems; ++i) {
-        float gm = 0.f;
+    for (int i = 0; i < kRegItems; ++i) {
+      float gm = 0.f;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
-        gm = groups.max_over_lanes(gm);
-        if (in[i]) {
+      for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
+      gm = groups.max_over_lanes(gm);
+      if (in[i]) {
+        const int64_t idx = row * H + column(i);
+        if constexpr (Q == Quant::kGroup) {
           const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-          store_q<VEC>(a, row * H + column(i), v[i], 1.f / scale);
-          if (groups.leader()) a.qscale[groups.index(row * H + column(i))] = scale;
-        }
-      }
-    } else {
-      const float global = valid ? group_global(a, row) : 1.f;
-#pragma unroll
-      for (int i = 0; i < kRegItems; ++i) {
-        float gm = 0.f;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[i][j]);
-        gm = groups.max_over_lanes(gm);
-        if (in[i]) {
-          const int64_t idx = row * H + column(i);
+          store_q<VEC>(a, idx, v[i], 1.f / scale);
+          if (groups.leader()) a.qscale[groups.index(idx)] = scale;
+        } else {
           const GroupCode code = group_scale(a, groups.index(idx), gm, global, groups.leader());
           store_group<VEC>(a, idx, v[i], global, code);
         }

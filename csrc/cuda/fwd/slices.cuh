@@ -267,13 +267,16 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
     }
     // The row's two sums (add_row_sums: RMSNorm's pair of sums of squares,
     // LayerNorm's {sum(d), sum(d^2)}, d = x - shift), and RMSNorm's per-row
-    // FP8 max |x * scale| after them.
+    // FP8 max |x * scale| after them. RMSNorm's scaled twin is summed here,
+    // with the squares, not derived afterwards (scaled_sq_of): a second read
+    // of the stage would cost the per-group outputs registers.
     float acc[kRed] = {};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (in[i]) {
         float v[VEC];
         read(st, i, v);
+        if constexpr (K == NormKind::kRms) add_scaled_sq(acc[1], v);
         if constexpr (kRowMaxFirst && HOLD_Y) {  // RMSNorm: no shift; x * scale held
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
         } else if constexpr (kRowMaxFirst && ONE_CTA) {  // gamma held
@@ -286,24 +289,10 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
         } else {
           add_row_sums<K>(acc, v, shift);
         }
-      } else if constexpr (HOLD_Y && Q == Quant::kGroup) {  // zeros past the row's end, for the group maxima
+      } else if constexpr (HOLD_Y && per_group(Q)) {  // zeros past the row's end, for the group maxima
 #pragma unroll
         for (int j = 0; j < VEC; ++j) ys[i][j] = 0.f;
       }
-    }
-    if constexpr (K == NormKind::kRms) {
-      acc[1] = scaled_sq_of(acc[0], [&] {
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < kSliceItems; ++i) {
-          if (in[i]) {
-            float v[VEC];
-            read(st, i, v);
-            add_scaled_sq(s, v);
-          }
-        }
-        return s;
-      });
     }
     if constexpr (kMergeMax) {
       float red[3] = {acc[0], acc[1], pending_max};
@@ -505,56 +494,40 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
             }
           }
           if (threadIdx.x == 0 && rank == 0) a.qscale[row] = scale;
-        } else if constexpr (Q == Quant::kGroup) {
+        } else if constexpr (per_group(Q)) {
           // A group is lane_mask + 1 consecutive threads (a power of two of at
           // most 32, and a CTA's slice a whole number of groups): its max by shuffles.
           const Pow2Groups groups(a.group_size, VEC);
-          // RMSNorm: y = rstd * (x * gamma) with rstd > 0 common to the row, so
-          // the group's max is rstd * max |x * gamma| and q = (x * gamma) *
-          // (rstd / scale): rstd a pack, not an element. (rstd / scale stays
-          // finite: scale >= kMinQuantScale, rstd = rsqrt of at least the
-          // least denormal, or infinite, where y is NaN either way.)
-          // The scale's reciprocal comes from quant_rcp, not a division (every
+          // kGroup's RMSNorm: y = rstd * (x * gamma) with rstd > 0 common to
+          // the row, so the group's max is rstd * max |x * gamma| and q = (x *
+          // gamma) * (rstd / scale): rstd a pack, not an element. (rstd / scale
+          // stays finite: scale >= kMinQuantScale, rstd = rsqrt of at least the
+          // least denormal, or infinite, where y is NaN either way.) The
+          // scale's reciprocal comes from quant_rcp, not a division (every
           // lane of a group takes it, each pack; docs/tuning.md, quant-rcp).
-          // The other scale rules (block_scale.cuh) code y itself, rstd applied
-          // first (the codes are those of y's float32 values). Two loops, so
-          // that the float32 scales' registers are not those of both.
-          constexpr bool kLateRstd = K == NormKind::kRms;
-          if (a.group_scale == GroupScale::kFloat) {
+          // kBlock's rules (block_scale.cuh) code y itself, rstd applied first
+          // (the codes are those of y's float32 values).
+          constexpr bool kLateRstd = K == NormKind::kRms && Q == Quant::kGroup;
+          const float global = Q == Quant::kBlock ? group_global(a, row) : 1.f;
 #pragma unroll
-            for (int i = 0; i < kSliceItems; ++i) {
-              float v[VEC];
-              if constexpr (HOLD_Y) {
-                held_y(i, kLateRstd ? 1.f : rstd, v);
-              } else {
-                y_by(i, v, kLateRstd ? 1.f : rstd);
-              }
-              float gm = 0.f;
+          for (int i = 0; i < kSliceItems; ++i) {
+            float v[VEC];
+            if constexpr (HOLD_Y) {
+              held_y(i, kLateRstd ? 1.f : rstd, v);
+            } else {
+              y_by(i, v, kLateRstd ? 1.f : rstd);
+            }
+            float gm = 0.f;
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-              gm = groups.max_over_lanes(gm);
-              if constexpr (kLateRstd) gm *= rstd;
-              if (in[i]) {
+            for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
+            gm = groups.max_over_lanes(gm);
+            if constexpr (kLateRstd) gm *= rstd;
+            if (in[i]) {
+              if constexpr (Q == Quant::kGroup) {
                 const float scale = quant_scale(gm, a.fp8, a.scale_ub);
                 store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
                 if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
-              }
-            }
-          } else {
-            const float global = group_global(a, row);
-#pragma unroll
-            for (int i = 0; i < kSliceItems; ++i) {
-              float v[VEC];
-              if constexpr (HOLD_Y) {
-                held_y(i, rstd, v);
               } else {
-                y_by(i, v, rstd);
-              }
-              float gm = 0.f;
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-              gm = groups.max_over_lanes(gm);
-              if (in[i]) {
                 const GroupCode code = group_scale(a, groups.index(out + local(i)), gm, global, groups.leader());
                 store_group<VEC>(a, out + local(i), v, global, code);
               }
