@@ -4,11 +4,12 @@
 // the group's scale rule, into q_t (tensors, hidden, rows per tensor) and
 // its scales (tensors, hidden, rows per tensor / group_size).
 //
-// A CTA takes kColumnThreads consecutive columns of one group of rows, a
-// thread a column: the rows' loads are coalesced across the warp, and each
-// thread writes its column's codes of the group, consecutive bytes of q_t,
-// four (eight NVFP4 codes) at a time. The group is read twice, for its max
-// and for its codes; the second read is served by L1/L2.
+// A CTA takes a tile of kColumnTileRows rows (of one tensor) by
+// kColumnTileCols columns. It reads the tile along its rows in 16-byte packs
+// and keeps y in shared memory as float32; then a thread takes a run of one
+// column's rows (whole groups, at least 32 bytes of codes: the sector a
+// store fills), finds each group's scale and writes the run's codes, which
+// lie consecutively in q_t's row for that column.
 #pragma once
 
 #include "../common/block_scale.cuh"
@@ -18,69 +19,116 @@ namespace jrn::cuda {
 namespace {
 using namespace ::jrn::fwd;
 
-constexpr int kColumnThreads = 128;
+constexpr int kColumnThreads = 256;
+constexpr int kColumnTileRows = 128;
+constexpr int kColumnTileCols = 64;
 
 template <NormKind K, class T, class P>
-__global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a) {
-  const int64_t H = a.shape.hidden, R = a.rows_per_tensor(), G = a.group_size;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * G;  // the group's first row (of all tensors')
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * kColumnThreads + threadIdx.x;
-  if (c >= H) return;
-  const int64_t t = r0 / R;
-  const float global = group_global(a, r0);
+__global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a, int tiles_per_tensor, bool packs) {
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr int kPitch = kColumnTileCols + 1;  // a column's floats fall in distinct banks
+  __shared__ float tile[kColumnTileRows * kPitch];
 
-  // y of row r at column c, as the rowwise kernels make it from the stored
-  // statistics: (x - mean) * rstd * scale (+ beta), of h with a residual.
-  auto y_at = [&](int64_t r) {
-    const int64_t idx = r * H + c;
-    float v;
-    if (a.residual) {
-      v = a.h_f32 ? static_cast<const float*>(a.h)[idx] : to_float(static_cast<const T*>(a.h)[idx]);
+  const int64_t H = a.shape.hidden, R = a.rows_per_tensor(), G = a.group_size;
+  const int64_t t = blockIdx.x / tiles_per_tensor;
+  const int64_t r_in = static_cast<int64_t>(blockIdx.x % tiles_per_tensor) * kColumnTileRows;  // in tensor t
+  const int64_t r0 = t * R + r_in;                                                          // of all rows
+  const int n_rows = static_cast<int>(R - r_in < kColumnTileRows ? R - r_in : kColumnTileRows);             // whole groups
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kColumnTileCols;
+  const int n_cols = static_cast<int>(H - c0 < kColumnTileCols ? H - c0 : kColumnTileCols);
+
+  // y of the tile, as the rowwise kernels make it from the stored statistics:
+  // (x - mean) * rstd * scale (+ beta), of h with a residual. Packs where
+  // every row and parameter is aligned to them (`packs`, from the launcher),
+  // else single elements.
+  const void* src = a.residual ? a.h : a.x;
+  const bool src_f32 = a.residual && a.h_f32;
+  auto y_of = [&]<int N>(int r, int c, float (&v)[N]) {
+    const int64_t row = r0 + r, col = c0 + c;
+    if (src_f32) {
+      load_pack<N>(static_cast<const float*>(src) + row * H + col, v);
     } else {
-      v = to_float(static_cast<const T*>(a.x)[idx]);
+      load_pack<N>(static_cast<const T*>(src) + row * H + col, v);
     }
-    const int64_t poff = a.shape.param_offset(r);
+    const int64_t poff = a.shape.param_offset(row);
     const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
     const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-    float y[1] = {v};
-    scale_shift<1>(y, K == NormKind::kLayer ? a.mean[r] : 0.f, a.rstd[r], gamma, beta, c, a.zero_centered);
-    return y[0];
-  };
-
-  float gm = 0.f;
-  for (int64_t j = 0; j < G; ++j) gm = max_abs(gm, y_at(r0 + j));
-  const int64_t col = t * H + c;  // q_t's row
-  const GroupCode code = group_scale_to(a, a.qt_scales, col * (R / G) + (r0 - t * R) / G, gm, global);
-  const int64_t first = col * R + (r0 - t * R);  // q_t's element of row r0
-  if (a.group_scale == GroupScale::kNvfp4) {
-    for (int64_t j = 0; j < G; j += 8) {  // groups of 16: eight codes, four bytes
-      float v[8];
+    scale_shift<N>(v, K == NormKind::kLayer ? a.mean[row] : 0.f, a.rstd[row], gamma, beta, col, a.zero_centered);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = y_at(r0 + j + k);
-      store_codes<8>(a, a.qt, first + j, v, global, code);
+    for (int j = 0; j < N; ++j) tile[r * kPitch + c + j] = v[j];
+  };
+  if (packs) {
+    constexpr int kPerRow = kColumnTileCols / VEC;
+    const int n_packs = n_cols / VEC;
+    for (int i = threadIdx.x; i < n_rows * kPerRow; i += kColumnThreads) {
+      const int r = i / kPerRow, p = i % kPerRow;
+      if (p < n_packs) {
+        float v[VEC];
+        y_of(r, p * VEC, v);
+      }
     }
   } else {
-    for (int64_t j = 0; j < G; j += 4) {  // groups a multiple of 4 (the plan's condition)
-      float v[4];
+    for (int i = threadIdx.x; i < n_rows * kColumnTileCols; i += kColumnThreads) {
+      const int r = i / kColumnTileCols, c = i % kColumnTileCols;
+      if (c < n_cols) {
+        float v[1];
+        y_of(r, c, v);
+      }
+    }
+  }
+  __syncthreads();
+
+  // A thread a run of one column's rows: whole groups, and at least 32
+  // bytes of codes where the tile has the rows.
+  const bool nvfp4 = a.group_scale == GroupScale::kNvfp4;
+  const int min_run = nvfp4 ? 64 : 32;
+  const int run = static_cast<int>(G >= min_run ? G : (min_run / G) * G);
+  const int runs = (n_rows + run - 1) / run;
+  const float global = group_global(a, r0);
+  for (int i = threadIdx.x; i < runs * kColumnTileCols; i += kColumnThreads) {
+    const int c = i % kColumnTileCols, first = (i / kColumnTileCols) * run;
+    if (c >= n_cols) continue;
+    const int64_t qrow = t * H + c0 + c;  // q_t's row
+    const int last = min(first + run, n_rows);
+    for (int g0 = first; g0 < last; g0 += static_cast<int>(G)) {
+      float gm = 0.f;
+      for (int r = g0; r < g0 + G; ++r) gm = max_abs(gm, tile[r * kPitch + c]);
+      const int64_t group = qrow * (R / G) + (r_in + g0) / G;
+      const GroupCode code = group_scale_to(a, a.qt_scales, group, gm, global);
+      auto codes = [&]<int N>(std::integral_constant<int, N>) {
+        for (int r = g0; r < g0 + G; r += N) {
+          float v[N];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = y_at(r0 + j + k);
-      store_codes<4>(a, a.qt, first + j, v, global, code);
+          for (int j = 0; j < N; ++j) v[j] = tile[(r + j) * kPitch + c];
+          store_codes<N>(a, a.qt, qrow * R + r_in + r, v, global, code);
+        }
+      };
+      if (G % 8 == 0) {
+        codes(std::integral_constant<int, 8>{});
+      } else {  // FP8 codes in groups of a multiple of 4 rows (launch_columns)
+        codes(std::integral_constant<int, 4>{});
+      }
     }
   }
 }
 
-// Launches fwd_columns over every group of rows and column.
+// Launches fwd_columns over every tile of rows (within each tensor) and of
+// columns.
 template <NormKind K, class T, class P>
 ffi::Error launch_columns(cudaStream_t stream, const FwdArgs& a) {
   if (a.shape.rows == 0 || a.shape.hidden == 0) return ffi::Error::Success();
   if (a.group_size % (a.group_scale == GroupScale::kNvfp4 ? 8 : 4) != 0)
     return ffi::Error::InvalidArgument("jax_rmsnorm: fwd_columns needs groups of a multiple of 4 rows (8 for NVFP4)");
-  const int64_t blocks = a.shape.rows / a.group_size;
-  const int64_t chunks = (a.shape.hidden + kColumnThreads - 1) / kColumnThreads;
+  const int64_t tiles = (a.rows_per_tensor() + kColumnTileRows - 1) / kColumnTileRows;
+  const int64_t blocks = tiles * std::max<int64_t>(1, a.tensors);
+  const int64_t chunks = (a.shape.hidden + kColumnTileCols - 1) / kColumnTileCols;
   if (blocks > INT32_MAX || chunks > 65535)
     return ffi::Error::InvalidArgument("jax_rmsnorm: fwd_columns: too many rows or columns for one launch");
+  constexpr int kVec = 16 / sizeof(T);
+  const void* src = a.residual ? a.h : a.x;
+  const bool packs = a.shape.hidden % kVec == 0 && aligned16(src) && params_aligned16(a);
   fwd_columns<K, T, P><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(chunks)), kColumnThreads, 0,
-                         stream>>>(a);
+                         stream>>>(a, static_cast<int>(tiles), packs);
   return check_launch("fwd_columns");
 }
 

@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // kBlock's rules (block_scale.cuh) code y itself, rstd applied first
           // (the codes are those of y's float32 values).
           constexpr bool kLateRstd = K == NormKind::kRms && Q == Quant::kGroup;
-          const float global = Q == Quant::kBlock ? group_global(a, row) : 1.f;
+          [[maybe_unused]] const float global = Q == Quant::kBlock ? group_global(a, row) : 1.f;
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             float v[VEC];
