@@ -35,6 +35,15 @@ def device(platform):
     return jax.devices(platform)[0]
 
 
+def gpu_routing_case(platform, value, cpu_keeps):
+    """Skips, on the CPU, a parameter that exists to steer the GPU's kernels
+    (a store width, a tile's edge, a kernel family's range of widths): the
+    CPU takes one code path for all of them, which ``cpu_keeps`` covers."""
+    if platform == "cpu" and value not in cpu_keeps:
+        import pytest
+        pytest.skip("a GPU routing case; the CPU's path runs in the kept ones")
+
+
 def put(platform, *arrays):
     dev = device(platform)
     return [None if a is None else jax.device_put(a, dev) for a in arrays]

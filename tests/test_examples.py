@@ -26,8 +26,8 @@ def test_llama_example_single_device():
 
 def test_llama_example_on_a_mesh_matches_single_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    single = _run("llama.py", "--steps", "12")
-    sharded = _run("llama.py", "--steps", "12", "--mesh", "data=2,model=4", env=env)
+    single = _run("llama.py", "--steps", "4")
+    sharded = _run("llama.py", "--steps", "4", "--mesh", "data=2,model=4", env=env)
     assert "mesh {'data': 2, 'model': 4}" in sharded
     # the same losses, to the printed precision
     last = lambda s: s.strip().splitlines()[-1].split("loss")[-1]

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, assert_close, bwd_decode_bounds, case_key, decode_bounds, decode_hidden, f64, poison,
-                       put, random, ref_add, ref_backward, ref_forward, run_script)
+from reference import (DTYPES, assert_close, bwd_decode_bounds, case_key, decode_bounds, decode_hidden, f64,
+                       gpu_routing_case, poison, put, random, ref_add, ref_backward, ref_forward, run_script)
 
 # Rank 1 to 4; hidden 1, 7, 127, 1000, 4096, 12288; many rows (several rows per
 # dgamma slot); wide rows that take the streaming kernels (65536, 262144, and
@@ -333,6 +333,7 @@ def test_many_rows_param_variants(kind, dtype, shape, platform):
 @pytest.mark.parametrize("shape", [(500, 65536), (72, 262144)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_of_unlike_scales(kind, shape, platform):
+    gpu_routing_case(platform, shape, [(500, 65536)])
     rows, hidden = shape
     key = case_key(("unlike", kind, shape))
     # Drawn, not a pattern in the row index: a cluster walks rows a fixed
@@ -494,6 +495,7 @@ def test_layer_norm_statistics_far_from_zero_rows(hidden, dtype, rows, platform)
     and up: 3080 is the first, with most last packs past the row's end;
     float32 1540 and up) and two passes below (bf16 1000 and 3072, float32
     1000)."""
+    gpu_routing_case(platform, hidden, [1000, 3080])
     _check_layer_stats(_far_from_zero_rows(hidden + rows, rows, hidden, 0.1), platform, dtype)
 
 
@@ -532,6 +534,7 @@ def test_layer_norm_backward_far_from_zero(dtype, shape, platform):
     rows of 16-bit x sum dy * gamma * x and subtract mean * sum(dy * gamma)
     once a row (bwd_slices' LEAN); cancellation there would show here first.
     Each row is divided by its rstd (which spans 1 to 1/500 here), as dx is."""
+    gpu_routing_case(platform, shape, [(4, 4096), (600, 3080), (264, 65536)])
     rows, hidden = shape
     key = case_key(("far-bwd", np.dtype(dtype).name, shape))
     x = np.array(random(key, shape, jnp.float32))
