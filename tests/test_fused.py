@@ -649,6 +649,8 @@ GROUP_CASES = [(16, (3, 16)), (16, (5, 1008)), (128, (4, 4096)), (128, (2, 3, 10
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_groupwise(kind, dtype, group, shape, fmt, platform):
+    gpu_routing_case(platform, (group, shape), [(16, (3, 16)), (16, (5, 1008)), (128, (2, 3, 1024)), (24, (3, 72)),
+                                                (48, (2, 4800)), (16, (2, 65536))])
     key = case_key(("g", kind, shape, group))
     hidden = shape[-1]
     # Magnitudes that differ by group, so a value assigned to the wrong group
