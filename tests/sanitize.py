@@ -97,8 +97,13 @@ def fp8_outputs(h):
         lambda x, r, g: jrn.layer_norm_fp8_rowwise(x, g, g),  # its row max pushed after the sums
     ]
     groups = [gs for gs in (16, 128) if h % gs == 0]
+    # Block-scaled (RMSNorm's codes are bit-exact), with the columnwise copy
+    # (fwd_columns) where the rows are whole blocks.
+    blocks = [lambda x, r, g: jrn.rms_norm_mxfp8(x, g, transpose=x.shape[0] % 32 == 0)] if h % 32 == 0 else []
+    if h % 16 == 0:
+        blocks.append(lambda x, r, g: jrn.rms_norm_nvfp4(x, g, global_scale=0.01, transpose=x.shape[0] % 16 == 0))
     return (calls + [lambda x, r, g, gs=gs: jrn.layer_norm_fp8_groupwise(x, g, g, group_size=gs) for gs in groups]
-            + [lambda x, r, g, gs=gs: jrn.rms_norm_fp8_groupwise(x, g, group_size=gs) for gs in groups])
+            + [lambda x, r, g, gs=gs: jrn.rms_norm_fp8_groupwise(x, g, group_size=gs) for gs in groups] + blocks)
 
 
 def compare(calls, x, r, g, tol):
