@@ -66,7 +66,7 @@ __device__ __forceinline__ uint32_t e2m1(float v) {
 // quantizer takes them) in a block of finite values and value != 0. Two
 // divisions an element would make the NVFP4 output compute-bound, so the
 // quotient is first taken as t = y * c.mul, c.mul = RN(1 / g) * RN(1 / value):
-// t is within 3 ulps of the divisions' quotient. Every boundary of E2M1's
+// t is within 6 ulps of the divisions' quotient. Every boundary of E2M1's
 // rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most two
 // bits, so where the low 21 bits of |t| lie farther than 16 ulps from 0
 // (mod 2^21) t and the quotient round to the same code, and any rounding of
