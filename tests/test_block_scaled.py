@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import ml_dtypes
 
 import jax_rmsnorm as jrn
-from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, poison, pow2_group_scales, quantize_blocks, random,
-                       ref_add, ref_forward, ref_scales)
+from reference import (DTYPES, FP8_MAX, assert_close, case_key, f64, poison, pow2_group_scales, put, quantize_blocks,
+                       random, ref_add, ref_forward, ref_scales)
 
 E4M3, E5M2, E2M1 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
 EPS = {"rms": 1e-6, "layer": 1e-5}
@@ -806,3 +806,44 @@ def test_kernel_columnwise(kind, fmt, platform):
                                                                 power_of_two_scales=True, transpose=True))),
                    in_axes=(0, 0))(args[0], gs)
     np.testing.assert_array_equal(_bits(pub[2]), qb)
+
+
+# NVFP4's codes at and around E2M1's rounding boundaries (0.25, 0.75, 1.25,
+# 1.75, 2.5, 3.5, 5): y / global_scale / scale lands on a boundary, 1-2 ulps
+# from it (the kernels' first try hands those to the divisions) and 15-40 ulps
+# from it (on either side of the first try's guard of 16 ulps). RMSNorm of
+# rows of +-1 with eps 0 has rstd 1, so y = +-gamma exactly; each block of 16
+# holds 6 * global_scale, so its E4M3 scale is 1 and t = y / global_scale.
+def _boundary_gamma(global_scale, hidden, key):
+    rng = np.random.default_rng(key)
+    values = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+    for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        b = np.float32(b)
+        values.append(b)
+        for k in (1, 2, 15, 16, 17, 18, 40):
+            up, down = b, b
+            for _ in range(k):
+                up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(0))
+            values += [up, down]
+    t = rng.choice(np.asarray(values, np.float32), size=(hidden // 16, 16))
+    t[np.arange(hidden // 16), rng.integers(0, 16, hidden // 16)] = 6.0
+    return (t.reshape(hidden) * np.float32(global_scale)).astype(np.float32)
+
+
+@pytest.mark.parametrize("global_scale", [1.0, 0.37], ids=["g1", "g0.37"])
+@pytest.mark.parametrize("shape", [(8, 256), (4, 4096)], ids=str)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=dname)
+def test_nvfp4_rounding_boundaries(dtype, shape, global_scale, platform):
+    key = case_key(("nvfp4-boundaries", dname(dtype), shape, global_scale))
+    rows, hidden = shape
+    signs = np.where(np.random.default_rng(key).random(shape) < 0.5, -1.0, 1.0).astype(np.float32)
+    gamma = _boundary_gamma(global_scale, hidden, key)
+    x, g = put(platform, jnp.asarray(signs, dtype), jnp.asarray(gamma))
+    _, rstd = jrn.rms_norm_fwd(x, g, eps=0.0)
+    assert (np.asarray(rstd) == 1.0).all(), "premise: rstd of rows of +-1 is 1"
+    y = signs * gamma
+    q, s = jrn.rms_norm_nvfp4(x, g, eps=0.0, global_scale=jnp.float32(global_scale))
+    rq, rs = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=np.float32(global_scale))
+    np.testing.assert_array_equal(_bits(s), _bits(rs))
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    assert (np.asarray(s).astype(np.float32) == 1.0).all()  # the premise of the boundaries
