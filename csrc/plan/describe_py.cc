@@ -3,8 +3,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "plan.h"
 
@@ -19,37 +21,35 @@ int64_t get(const nb::dict& d, const char* key, int64_t fallback) {
 bool flag(const nb::dict& d, const char* key, bool fallback) {
   return d.contains(key) ? nb::cast<bool>(d[key]) : fallback;
 }
-DType dtype(const nb::dict& d, const char* key, DType fallback) {
-  if (!d.contains(key)) return fallback;
+// The value option `key` names among `names` ({name, value} pairs); `fallback`
+// where the option is absent (required where there is none).
+template <class E, size_t N>
+E named(const nb::dict& d, const char* key, const std::pair<const char*, E> (&names)[N],
+        std::optional<E> fallback = std::nullopt) {
+  if (!d.contains(key)) {
+    if (fallback) return *fallback;
+    throw std::invalid_argument(std::string(key) + " is required");
+  }
   const std::string s = nb::cast<std::string>(d[key]);
-  if (s == "float32") return DType::kF32;
-  if (s == "bfloat16") return DType::kBF16;
-  if (s == "float16") return DType::kF16;
-  throw std::invalid_argument(std::string(key) + " must be float32, bfloat16 or float16, got " + s);
+  std::string known;
+  for (size_t i = 0; i < N; ++i) {
+    if (s == names[i].first) return names[i].second;
+    known += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + names[i].first;
+  }
+  throw std::invalid_argument(std::string(key) + " must be " + known + ", got " + s);
 }
-NormKind kind_of(const nb::dict& d) {
-  const std::string s = nb::cast<std::string>(d["kind"]);
-  if (s == "rms") return NormKind::kRms;
-  if (s == "layer") return NormKind::kLayer;
-  throw std::invalid_argument("kind must be 'rms' or 'layer', got " + s);
-}
-Quant quant_of(const nb::dict& d) {
-  const std::string s = d.contains("quant") ? nb::cast<std::string>(d["quant"]) : "none";
-  if (s == "none") return Quant::kNone;
-  if (s == "tensor") return Quant::kTensor;
-  if (s == "row") return Quant::kRow;
-  if (s == "group") return Quant::kGroup;
-  if (s == "current") return Quant::kCurrent;
-  throw std::invalid_argument("quant must be none, tensor, row, group or current, got " + s);
-}
-GroupScale group_scale_of(const nb::dict& d) {
-  const std::string s = d.contains("group_scale") ? nb::cast<std::string>(d["group_scale"]) : "float32";
-  if (s == "float32") return GroupScale::kFloat;
-  if (s == "pow2") return GroupScale::kPow2;
-  if (s == "e8m0") return GroupScale::kE8M0;
-  if (s == "nvfp4") return GroupScale::kNvfp4;
-  throw std::invalid_argument("group_scale must be float32, pow2, e8m0 or nvfp4, got " + s);
-}
+
+constexpr std::pair<const char*, DType> kDTypes[] = {
+    {"float32", DType::kF32}, {"bfloat16", DType::kBF16}, {"float16", DType::kF16}};
+constexpr std::pair<const char*, NormKind> kKinds[] = {{"rms", NormKind::kRms}, {"layer", NormKind::kLayer}};
+constexpr std::pair<const char*, Quant> kQuants[] = {{"none", Quant::kNone},
+                                                     {"tensor", Quant::kTensor},
+                                                     {"row", Quant::kRow},
+                                                     {"group", Quant::kGroup},
+                                                     {"current", Quant::kCurrent}};
+constexpr std::pair<const char*, GroupScale> kGroupScales[] = {
+    {"float32", GroupScale::kFloat}, {"pow2", GroupScale::kPow2}, {"e8m0", GroupScale::kE8M0},
+    {"nvfp4", GroupScale::kNvfp4}};
 
 Device device_of(const nb::dict& d) {
   Device dev;
@@ -65,9 +65,9 @@ Device device_of(const nb::dict& d) {
 // dtypes and the shape.
 template <class Problem>
 void read_common(const nb::dict& d, Problem& p) {
-  p.kind = kind_of(d);
-  p.x = dtype(d, "dtype", DType::kBF16);
-  p.param = dtype(d, "param_dtype", p.x);
+  p.kind = named(d, "kind", kKinds);
+  p.x = named(d, "dtype", kDTypes, std::optional(DType::kBF16));
+  p.param = named(d, "param_dtype", kDTypes, std::optional(p.x));
   if (p.param != p.x && p.param != DType::kF32) throw std::invalid_argument("param_dtype must be float32 or x's");
   p.rows = get(d, "rows", 0);
   p.hidden = get(d, "hidden", 0);
@@ -79,7 +79,7 @@ void read_common(const nb::dict& d, Problem& p) {
 FwdProblem fwd_problem_of(const nb::dict& d) {
   FwdProblem p;
   read_common(d, p);
-  p.quant = quant_of(d);
+  p.quant = named(d, "quant", kQuants, std::optional(Quant::kNone));
   p.beta = p.kind == NormKind::kLayer && flag(d, "beta", true);
   p.zero_centered = flag(d, "zero_centered", false);
   p.residual = flag(d, "residual", false);
@@ -89,7 +89,7 @@ FwdProblem fwd_problem_of(const nb::dict& d) {
   p.fp8_x = flag(d, "fp8_x", false);
   p.x_group = get(d, "x_group", 0);
   p.group_size = get(d, "group_size", 0);
-  p.group_scale = group_scale_of(d);
+  p.group_scale = named(d, "group_scale", kGroupScales, std::optional(GroupScale::kFloat));
   p.qt = flag(d, "qt", false);
   p.tensors = get(d, "tensors", 1);
   const bool aligned = flag(d, "aligned", true);
