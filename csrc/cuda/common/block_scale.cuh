@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t nvfp4_code(float y, float g, const GroupCode
   if (c.mul == 0.f || ((bits + 16u) & 0x1fffffu) < 32u) return e2m1(__fdiv_rn(__fdiv_rn(y, g), c.value));
   const float m = __uint_as_float(bits);
   const uint32_t small = __float_as_uint(fmaf(m, 2.f, 0x1p23f)) - 0x4b000000u;  // RN(2m) for m < 1
-  const uint32_t big = min(((bits + 0x200000u) >> 22) - 252u, 7u);           // 1.0 -> 2 ... 6.0 -> 7
+  const uint32_t big = min(((bits + 0x200000u) >> 22) - 252u, 7u);           // code 2 for 1.0, up to 7 for 6.0
   return ((__float_as_uint(t) >> 31) << 3) | (m < 1.f ? small : big);
 }
 

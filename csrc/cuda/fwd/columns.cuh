@@ -7,9 +7,9 @@
 // A CTA takes a tile of kColumnTileRows rows (of one tensor) by
 // kColumnTileCols columns. It reads the tile along its rows in 16-byte packs
 // and keeps y in shared memory as float32; then a thread takes a run of one
-// column's rows (whole groups, at least 32 bytes of codes: the sector a
-// store fills), finds each group's scale and writes the run's codes, which
-// lie consecutively in q_t's row for that column.
+// column's rows (whole groups, about the 32-byte sector a store fills),
+// finds each group's scale and writes the run's codes, which lie
+// consecutively in q_t's row for that column.
 #pragma once
 
 #include "../common/block_scale.cuh"
@@ -78,8 +78,9 @@ __global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a, int til
   }
   __syncthreads();
 
-  // A thread a run of one column's rows: whole groups, and at least 32
-  // bytes of codes where the tile has the rows.
+  // A thread a run of one column's rows: whole groups, 32 bytes of codes (64
+  // rows of NVFP4) where the group size divides that, else as many whole
+  // groups as fit in it (one at least), as far as the tile has rows.
   const bool nvfp4 = a.group_scale == GroupScale::kNvfp4;
   const int min_run = nvfp4 ? 64 : 32;
   const int run = static_cast<int>(G >= min_run ? G : (min_run / G) * G);

@@ -19,12 +19,13 @@ using namespace ::jrn::fwd;
 // A per-group output's instances: float32 scales (kGroup) or a block rule
 // (kBlock, norm_types.h).
 constexpr bool per_group(Quant q) { return q == Quant::kGroup || q == Quant::kBlock; }
+// The output as plans name it: kBlock's instances are those of kGroup.
+constexpr Quant plan_quant(Quant q) { return q == Quant::kBlock ? Quant::kGroup : q; }
 
-// The static identity (plan::FwdKey) of the instances of these parameters
-// (kBlock's are those the plan names as kGroup's).
+// The static identity (plan::FwdKey) of the instances of these parameters.
 template <NormKind K, Quant Q, class T, class P, int VEC, bool XQ = false>
 constexpr plan::FwdKey fwd_key() {
-  return {K, Q == Quant::kBlock ? Quant::kGroup : Q, dtype_of<T>(), dtype_of<P>(), VEC, XQ};
+  return {K, plan_quant(Q), dtype_of<T>(), dtype_of<P>(), VEC, XQ};
 }
 
 // The per-group FP8 scales of fwd_regs and fwd_slices, whose groups are a

@@ -209,7 +209,7 @@ ffi::Error run_packs(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan&
       // fwd_stream takes every group scale's rule at run time: kBlock runs
       // kGroup's instance.
       if (p.ctas > INT32_MAX) return too_many_rows();
-      fwd_stream<K, Q == Quant::kBlock ? Quant::kGroup : Q, T, P, VEC, XQ><<<static_cast<unsigned>(p.ctas), p.threads, 0, stream>>>(a);
+      fwd_stream<K, plan_quant(Q), T, P, VEC, XQ><<<static_cast<unsigned>(p.ctas), p.threads, 0, stream>>>(a);
       return check_launch("fwd_stream");
     default: break;
   }
