@@ -171,7 +171,17 @@ def main(argv=None):
     ap.add_argument("--recipe", default="rowwise", choices=["rowwise", "mxfp8", "bf16"])
     ap.add_argument("--norm", default="jax_rmsnorm", choices=["jax_rmsnorm", "flax"])
     ap.add_argument("--lr", type=float, default=3e-3)
+    # The default model is tiny (a CPU run in seconds); on a GPU a step time
+    # means something at LLM widths, e.g. --hidden 2048 --mlp 5632 --layers 4
+    # --heads 16 --seq 512 --dtype bfloat16.
+    for name, kind in (("hidden", int), ("mlp", int), ("layers", int), ("heads", int), ("seq", int)):
+        ap.add_argument(f"--{name}", type=kind, default=getattr(Config, name))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the parameters' and activations' dtype")
     args = ap.parse_args(argv)
+    if args.hidden % args.heads or (args.recipe == "mxfp8" and args.hidden % MX_BLOCK):
+        ap.error(f"--hidden ({args.hidden}) must be a multiple of --heads ({args.heads})"
+                 + (f" and of {MX_BLOCK} for --recipe mxfp8" if args.recipe == "mxfp8" else ""))
     device = jax.devices(args.device)[0]
     if args.recipe == "mxfp8" and not _scaled_matmul_runs(device):
         raise SystemExit(f"--recipe mxfp8 needs jax.nn.scaled_matmul, which JAX runs through cuDNN on GPUs that "
@@ -185,10 +195,10 @@ def _scaled_matmul_runs(device):
 
 
 def train(args, device):
-    cfg = Config()
+    cfg = Config(hidden=args.hidden, mlp=args.mlp, layers=args.layers, heads=args.heads, seq=args.seq)
     data = corpus(200_000)
     opt = optimizer(args.steps, args.lr)
-    params = init(cfg, jax.random.key(0))
+    params = jax.tree.map(lambda p: p.astype(args.dtype), init(cfg, jax.random.key(0)))
     opt_state = opt.init(params)
     step = train_step(lambda p, tokens: forward(cfg, args.recipe, args.norm, p, tokens), opt)
 
