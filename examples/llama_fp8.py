@@ -184,14 +184,23 @@ def main(argv=None):
                  + (f" and of {MX_BLOCK} for --recipe mxfp8" if args.recipe == "mxfp8" else ""))
     device = jax.devices(args.device)[0]
     if args.recipe == "mxfp8" and not _scaled_matmul_runs(device):
-        raise SystemExit(f"--recipe mxfp8 needs jax.nn.scaled_matmul, which JAX runs through cuDNN on GPUs that "
-                         f"have block-scaled FP8 (Blackwell); not on {device.device_kind}")
+        raise SystemExit(f"--recipe mxfp8 needs jax.nn.scaled_matmul, which JAX lowers through cuDNN on GPUs "
+                         f"only; it does not run on {device.device_kind}")
     with jax.default_device(device):
         return train(args, device)
 
 
 def _scaled_matmul_runs(device):
-    return device.platform == "gpu" and float(getattr(device, "compute_capability", "0")) >= 10.0
+    """Whether jax.nn.scaled_matmul compiles and runs on `device`."""
+    if device.platform != "gpu":
+        return False
+    q = jax.device_put(jnp.ones((1, 128, 128), E4M3), device)
+    s = jax.device_put(jnp.ones((1, 128, 128 // MX_BLOCK), jnp.float8_e8m0fnu), device)
+    try:
+        jax.block_until_ready(jax.nn.scaled_matmul(q, q, s, s, preferred_element_type=jnp.float32))
+    except Exception:  # not lowered or not supported here: the message above says so
+        return False
+    return True
 
 
 def train(args, device):

@@ -20,7 +20,7 @@ from ._ad import kernel_op
 from ._core import (backward, forward, full_hidden, grad_sums, moments_reference, normalize_reference,
                     scale_reference, slice_stats, sliced_forward, sum_to_primal_vma)
 from ._fused import _run
-from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, _placeholder, all_reduce_norm_p,
+from ._primitives import (LAYER, NVLINK_MAX_DEVICES, NVLINK_MAX_ROW_BYTES, RMS, absent_param, all_reduce_norm_p,
                           kernel_params, merge_layer_stats, nvlink_available)
 
 Array = jax.Array
@@ -623,7 +623,7 @@ def _concurrent_command_buffers():
 
 
 def _nvlink_norm(x, gamma, cfg, axes, fallback):
-    g = _placeholder(x.dtype) if gamma is None else gamma
+    g = absent_param(x.dtype) if gamma is None else gamma
     return all_reduce_norm_p.bind(x, g, axes=tuple(axes), eps=cfg.eps, zero_centered=cfg.zero_centered_gamma,
                                   has_gamma=gamma is not None, fallback=fallback)
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from ._checks import Config
 from ._compat import varying_axes
-from ._primitives import LAYER, RMS, _placeholder, _row_stats_shape, combine_stats, norm_bwd, norm_fwd, norm_grad_stats, \
+from ._primitives import LAYER, RMS, absent_param, _row_stats_shape, combine_stats, norm_bwd, norm_fwd, norm_grad_stats, \
     norm_stats, residual_sum
 
 
@@ -27,7 +27,7 @@ def forward(x, gamma, beta, cfg: Config, mean=None, rstd=None):
     if x.size == 0:
         stat = jnp.zeros(x.shape[:-1], jnp.float32) if rstd is None else rstd
         return x, ((stat if mean is None else mean) if cfg.kind == LAYER else None), stat
-    ph = _placeholder(param_dtype(x, gamma, beta))
+    ph = absent_param(param_dtype(x, gamma, beta))
     return norm_fwd(x, ph if gamma is None else gamma, ph if beta is None else beta,
                     kind=cfg.kind, eps=cfg.eps, zero_centered_gamma=cfg.zero_centered_gamma,
                     has_gamma=gamma is not None, has_beta=beta is not None, mean=mean, rstd=rstd)
@@ -41,7 +41,7 @@ def backward(dy, x, mean, rstd, gamma, beta, cfg: Config, coef=None, dh=None):
     if x.size == 0:
         zeros = lambda p: None if p is None else jnp.zeros_like(p)
         return (jnp.zeros_like(x) if dh is None else dh), zeros(gamma), zeros(beta)
-    ph = _placeholder(param_dtype(x, gamma, beta))
+    ph = absent_param(param_dtype(x, gamma, beta))
     dx, dgamma, dbeta = norm_bwd(dy, x, mean, rstd, ph if gamma is None else gamma,
                                  ph if beta is None else beta, kind=cfg.kind,
                                  zero_centered_gamma=cfg.zero_centered_gamma,
@@ -55,7 +55,7 @@ def grad_sums(dy, x, mean, rstd, gamma, cfg: Config):
     sums each backward needs."""
     if x.size == 0:
         return jnp.zeros(_row_stats_shape(cfg.kind, x), jnp.float32)
-    ph = _placeholder(x.dtype)
+    ph = absent_param(x.dtype)
     return norm_grad_stats(dy, x, mean, rstd, ph if gamma is None else gamma, kind=cfg.kind,
                            zero_centered_gamma=cfg.zero_centered_gamma, has_gamma=gamma is not None)
 

@@ -27,7 +27,7 @@ from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_
 from ._ad import kernel_op
 from ._core import (backward, full_hidden, grad_sums, normalize_reference, param_dtype, slice_stats, sliced_forward,
                     sum_to_primal_vma)
-from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, _placeholder, kernel_params, norm_fwd_fused
+from ._primitives import LAYER, MIN_QUANT_SCALE, RMS, FusedSpec, absent_param, kernel_params, norm_fwd_fused
 
 Array = jax.Array
 
@@ -96,7 +96,7 @@ def _fused_forward(x, residual, gamma, beta, scale, x_scale, cfg: _FusedConfig):
         qts = jnp.zeros(jnp.shape(scale) + (x.shape[-1], 0), spec.scale_dtype) if spec.columnwise else None
         return y, (stat if norm.kind == LAYER else None), stat, h, qs, qt, qts
     typed = jax.ShapeDtypeStruct(x.shape, spec.out_dtype) if spec.x_group_size else x
-    ph = _placeholder(param_dtype(typed, gamma, beta))
+    ph = absent_param(param_dtype(typed, gamma, beta))
     return norm_fwd_fused(x, ph if gamma is None else gamma, ph if beta is None else beta, residual, scale,
                           x_scale, kind=norm.kind, eps=norm.eps, zero_centered_gamma=norm.zero_centered_gamma,
                           has_gamma=gamma is not None, has_beta=beta is not None, fused=spec)

@@ -76,9 +76,41 @@ def _like(aval, vma, shape=None, dtype=None, rows=None):
                        dtype=aval.dtype if dtype is None else dtype, **kwargs)
 
 
+def _with_spec(aval, spec_of):
+    """``aval`` whose sharding spec is ``spec_of(x_spec)`` where the mesh's
+    explicit types carry one, and each of its split dims divides by the devices
+    it is split over (else as it is). ``x_spec``: the spec of the x it is made
+    from, one entry a dim."""
+    sharding = getattr(aval, "sharding", None)
+    if getattr(sharding, "spec", None) is None or getattr(sharding, "mesh", None) is None:
+        return aval
+    spec = spec_of()
+    if spec is None:
+        return aval
+    sizes = dict(sharding.mesh.shape)
+    for dim, entry in zip(aval.shape, spec):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        if dim % math.prod(sizes[n] for n in names):
+            return aval
+    return aval.update(sharding=sharding.update(spec=PartitionSpec(*spec)))
+
+
+def _x_spec(x):
+    spec = getattr(getattr(x, "sharding", None), "spec", None)
+    return None if spec is None else tuple(spec) + (None,) * (x.ndim - len(spec))
+
+
 def _placeholder(dtype):
-    """The operand passed for an absent gamma/beta."""
+    """An absent operand or output of the kernels (a residual, a scale): (0,)."""
     return jnp.zeros((0,), dtype)
+
+
+def absent_param(dtype):
+    """The operand passed for an absent gamma/beta: one element, never read.
+    (A zero-size operand crashes XLA's CPU compiler, JAX 0.11, where shard_map
+    runs op by op under disable_jit.) dgamma/dbeta of an absent parameter
+    stay (0,)."""
+    return jnp.zeros((1,), dtype)
 
 
 def _batch_size(args, dims):
@@ -97,7 +129,7 @@ X = "x"   # (rows..., hidden): x, dy, y, dx
 R = "r"   # (rows...): mean, rstd
 C = "c"   # (rows..., 2): pairs of per-row statistics (LayerNorm's)
 P = "p"   # (rows[:k]..., hidden): gamma, beta, dgamma, dbeta
-E = "e"   # (0,): an absent parameter's placeholder
+E = "e"   # an absent operand or output: (0,), or (1,) for an absent gamma/beta (absent_param)
 S = "s"   # replicated: a per-tensor scale or amax (one per vmapped example)
 G = "g"   # (rows..., hidden // group_size): per-group FP8 scales, split with the hidden dim
 T = "t"   # (hidden, rows): the per-group output's columnwise copy and its scales, split with the first row dim
@@ -282,18 +314,24 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
     if fused.quant == "row":
         outs.append(stat)
     elif fused.quant == "group":
-        outs.append(_like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,),
-                          dtype=fused.scale_dtype, rows=x.ndim - 1))
+        # Split with the hidden dim (whole groups a slice) as the kernels make them.
+        scales = _like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,),
+                       dtype=fused.scale_dtype, rows=x.ndim - 1)
+        outs.append(_with_spec(scales, lambda: _x_spec(x)))
     else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
     rows = x.size // x.shape[-1] // max(math.prod(scale.shape), 1)  # a tensor's rows per scale
+    # The columnwise copy (hidden, rows) and its scales: the rows split as x's
+    # (whole blocks a device, as the kernels make them), the hidden dim whole.
+    rows_split = lambda: None if x.ndim != 2 or scale.shape else (None, _x_spec(x)[0])
     if fused.transpose:
-        outs.append(_like(x, vma, shape=scale.shape + (x.shape[-1], rows), dtype=fused.out_dtype, rows=0))
+        outs.append(_with_spec(_like(x, vma, shape=scale.shape + (x.shape[-1], rows), dtype=fused.out_dtype,
+                                     rows=0), rows_split))
     else:
         outs.append(_like(scale, vma, shape=(0,)))
     if fused.columnwise:
-        outs.append(_like(x, vma, shape=scale.shape + (x.shape[-1], rows // fused.group_size),
-                          dtype=fused.scale_dtype, rows=0))
+        outs.append(_with_spec(_like(x, vma, shape=scale.shape + (x.shape[-1], rows // fused.group_size),
+                                     dtype=fused.scale_dtype, rows=0), rows_split))
     else:
         outs.append(_like(scale, vma, shape=(0,)))
     return outs
@@ -560,10 +598,16 @@ def _bwd_roles(kind, has_gamma, has_beta, has_coef, has_dh, **_):
     return operands, [X, *params]
 
 
-def _bwd_abstract(dy, x, *rest, kind, has_coef, has_dh, **_):
+def _param_grad_shapes(ps, has):
+    """(shape, dtype) of dgamma (dbeta): the parameter's, (0,) where it is absent."""
+    return [(p.shape if present else (0,), p.dtype) for p, present in zip(ps, has)]
+
+
+def _bwd_abstract(dy, x, *rest, kind, has_gamma, has_beta, has_coef, has_dh, **_):
     vma = _vma(dy, x, *rest)
     ps = rest[:len(rest) - int(has_coef) - int(has_dh)][-(1 if kind == RMS else 2):]
-    return [_like(x, vma)] + [_like(p, vma) for p in ps]
+    return [_like(x, vma)] + [_like(p, vma, shape=shape) for p, (shape, _) in
+                              zip(ps, _param_grad_shapes(ps, (has_gamma, has_beta)))]
 
 
 def _bwd_local(st, dy, x, *rest):
@@ -573,7 +617,7 @@ def _bwd_local(st, dy, x, *rest):
     ps = rest[n_stats:n_stats + (1 if st.kind == RMS else 2)]
     extra = list(rest[n_stats + len(ps):])  # coef or dh: after gamma for the kernels
     gamma = ps[0]
-    param_outs = [(p.shape, p.dtype) for p in ps]
+    param_outs = _param_grad_shapes(ps, (st.has_gamma, st.has_beta))
     hidden = x.shape[-1]
     outputs = int(st.has_gamma) + int(st.kind == LAYER and st.has_beta)
     n_floats = 0

@@ -269,19 +269,11 @@ def _baseline(case, platform):
     return _BASELINES[case, platform]
 
 
-def _jax_at_least(*version):
-    return tuple(int(p) for p in jax.__version__.split(".")[:2]) >= version
-
-
 @pytest.mark.parametrize("setting, mode", RUNS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_setting(case, setting, mode, platform):
     if case in ("linen", "nnx", "equinox"):
         pytest.importorskip("equinox" if case == "equinox" else "flax")
-    if (case, setting, platform) == ("shard_map", "disable_jit", "cpu") and _jax_at_least(0, 11):
-        # JAX 0.11.2: a norm without gamma, op by op inside shard_map, crashes
-        # XLA's CPU compiler (a segfault, not an error; README, Limits).
-        pytest.skip("segfaults in XLA's CPU compiler under JAX 0.11 (README, Limits)")
     f, argnums, args, cts, want = _baseline(case, platform)
     run = partial(_vjp, f, argnums)
     # On the platform's device, as a program there runs: the replaced Flax
