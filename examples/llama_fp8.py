@@ -11,8 +11,9 @@ backward is high precision: the norm's gradient from its backward kernel
 Recipes (`--recipe`):
   rowwise  the above (default; any platform);
   mxfp8    `jrn.rms_norm_mxfp8` (E4M3 codes, an E8M0 scale per 32 columns)
-           through `jax.nn.scaled_matmul` (cuDNN: a GPU that runs it, e.g.
-           Blackwell), the weights quantized by the same block rule;
+           through `jax.nn.scaled_matmul` (GPUs only; on Hopper JAX
+           dequantizes the operands and runs a cuBLASLt matmul), the weights
+           quantized by the same block rule;
   bf16     no FP8: `jrn.rms_norm` and plain matmuls, the reference run.
 `--norm flax` takes flax's RMSNorm followed by the quantization in jnp (the
 unfused version of the same step). Prints the losses and the median step time.
