@@ -790,6 +790,26 @@ def test_fused_rows_sharded_hlo():
     assert comms and all(op == "all-reduce" and n <= 1 for op, n in comms), comms
 
 
+def test_explicit_types_of_split_outputs():
+    """Under explicit mesh axes an output's type says how the kernels split it
+    (JAX 0.11 reshards an output to its type): per-group scales with the
+    hidden dim where each slice holds whole groups, the columnwise copy and
+    its scales with the rows; unsplit where the groups do not divide."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2,
+                         devices=jax.devices("cpu")[:8])
+    put = lambda a, *spec: jax.device_put(a, NamedSharding(mesh, P(*spec)))
+    x, g = random(70, (64, 1024), jnp.bfloat16), random(71, (1024,), jnp.float32, offset=1.0)
+    with jax.set_mesh(mesh):
+        _, scales, _ = jrn.rms_norm_fp8_groupwise(put(x, None, "model"), put(g, "model"), group_size=32,
+                                                  residual=put(x, None, "model"))
+        assert jax.typeof(scales).sharding.spec == P(None, "model")
+        _, _, q_t, q_t_scales = jrn.rms_norm_mxfp8(put(x, "data", None), put(g), transpose=True)
+        assert jax.typeof(q_t).sharding.spec == P(None, "data") == jax.typeof(q_t_scales).sharding.spec
+        narrow = put(x[:, :64], None, "model")  # 2 groups over 4 devices
+        _, scales, _ = jrn.rms_norm_fp8_groupwise(narrow, None, group_size=32, residual=narrow)
+        assert tuple(jax.typeof(scales).sharding.spec) in ((), (None, None))
+
+
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])
 @pytest.mark.parametrize("case", ["tensor", "row", "group"])
 @pytest.mark.parametrize("kind", ["rms", "layer"])
