@@ -76,16 +76,12 @@ def _like(aval, vma, shape=None, dtype=None, rows=None):
                        dtype=aval.dtype if dtype is None else dtype, **kwargs)
 
 
-def _with_spec(aval, spec_of):
-    """``aval`` whose sharding spec is ``spec_of(x_spec)`` where the mesh's
-    explicit types carry one, and each of its split dims divides by the devices
-    it is split over (else as it is). ``x_spec``: the spec of the x it is made
-    from, one entry a dim."""
+def _with_spec(aval, spec):
+    """``aval`` typed as split by ``spec`` (an entry a dim) where its mesh's
+    explicit axes give it a type and each split dim divides by its devices;
+    else as it is."""
     sharding = getattr(aval, "sharding", None)
-    if getattr(sharding, "spec", None) is None or getattr(sharding, "mesh", None) is None:
-        return aval
-    spec = spec_of()
-    if spec is None:
+    if spec is None or getattr(sharding, "spec", None) is None or getattr(sharding, "mesh", None) is None:
         return aval
     sizes = dict(sharding.mesh.shape)
     for dim, entry in zip(aval.shape, spec):
@@ -96,6 +92,7 @@ def _with_spec(aval, spec_of):
 
 
 def _x_spec(x):
+    """x's sharding spec, an entry a dim (None: x has no sharding type)."""
     spec = getattr(getattr(x, "sharding", None), "spec", None)
     return None if spec is None else tuple(spec) + (None,) * (x.ndim - len(spec))
 
@@ -317,13 +314,14 @@ def _fwd_fused_abstract(x, *rest, kind, fused):
         # Split with the hidden dim (whole groups a slice) as the kernels make them.
         scales = _like(x, vma, shape=x.shape[:-1] + (x.shape[-1] // fused.group_size,),
                        dtype=fused.scale_dtype, rows=x.ndim - 1)
-        outs.append(_with_spec(scales, lambda: _x_spec(x)))
+        outs.append(_with_spec(scales, _x_spec(x)))
     else:  # amax / scale_inv are shaped like scale; without quantization both are placeholders
         outs.append(_like(scale, vma))
     rows = x.size // x.shape[-1] // max(math.prod(scale.shape), 1)  # a tensor's rows per scale
     # The columnwise copy (hidden, rows) and its scales: the rows split as x's
     # (whole blocks a device, as the kernels make them), the hidden dim whole.
-    rows_split = lambda: None if x.ndim != 2 or scale.shape else (None, _x_spec(x)[0])
+    x_spec = _x_spec(x)
+    rows_split = None if x.ndim != 2 or scale.shape or x_spec is None else (None, x_spec[0])
     if fused.transpose:
         outs.append(_with_spec(_like(x, vma, shape=scale.shape + (x.shape[-1], rows), dtype=fused.out_dtype,
                                      rows=0), rows_split))
