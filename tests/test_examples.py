@@ -72,3 +72,23 @@ def test_llama_fp8_backward_is_the_high_precision_one():
             grads[recipe] = jax.tree.leaves(vjp(cts))
         for got, want in zip(grads["rowwise"], grads["bf16"]):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_llama_fp8_model_sizes(capsys):
+    """--hidden must divide into --heads (and, for MXFP8, into blocks of 32);
+    the CPU has no jax.nn.scaled_matmul, which --recipe mxfp8 says."""
+    import sys
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import llama_fp8
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    with pytest.raises(SystemExit):
+        llama_fp8.main(["--hidden", "100", "--heads", "3"])
+    assert "--hidden (100) must be a multiple of --heads (3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        llama_fp8.main(["--hidden", "48", "--heads", "4", "--recipe", "mxfp8"])
+    assert "and of 32 for --recipe mxfp8" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="needs jax.nn.scaled_matmul"):
+        llama_fp8.main(["--recipe", "mxfp8", "--steps", "1"])
