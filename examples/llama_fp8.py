@@ -175,8 +175,8 @@ def main(argv=None):
     # The default model is tiny (a CPU run in seconds); on a GPU a step time
     # means something at LLM widths, e.g. --hidden 2048 --mlp 5632 --layers 4
     # --heads 16 --seq 512 --dtype bfloat16.
-    for name, kind in (("hidden", int), ("mlp", int), ("layers", int), ("heads", int), ("seq", int)):
-        ap.add_argument(f"--{name}", type=kind, default=getattr(Config, name))
+    for name in ("hidden", "mlp", "layers", "heads", "seq"):
+        ap.add_argument(f"--{name}", type=int, default=getattr(Config, name))
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the parameters' and activations' dtype")
     args = ap.parse_args(argv)
@@ -185,8 +185,8 @@ def main(argv=None):
                  + (f" and of {MX_BLOCK} for --recipe mxfp8" if args.recipe == "mxfp8" else ""))
     device = jax.devices(args.device)[0]
     if args.recipe == "mxfp8" and not _scaled_matmul_runs(device):
-        raise SystemExit(f"--recipe mxfp8 needs jax.nn.scaled_matmul, which JAX lowers through cuDNN on GPUs "
-                         f"only; it does not run on {device.device_kind}")
+        raise SystemExit(f"--recipe mxfp8 needs jax.nn.scaled_matmul, which JAX runs on GPUs only; it does not "
+                         f"run on {device.device_kind}")
     with jax.default_device(device):
         return train(args, device)
 

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -14,6 +15,16 @@ pytest.importorskip("optax")
 
 def _run(script, *args, env=None):
     return run_script(EXAMPLES / script, *args, env=env)
+
+
+def _import_llama_fp8():
+    """examples/llama_fp8.py as a module (it imports llama.py beside it)."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import llama_fp8
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return llama_fp8
 
 
 def test_train_step_example():
@@ -48,17 +59,11 @@ def test_llama_fp8_example_tracks_bf16():
 def test_llama_fp8_backward_is_the_high_precision_one():
     """The FP8 projection's custom backward gives the gradients of the bf16
     recipe (the norm's backward kernel and float32 matmuls), for both norms."""
-    import sys
-
     import numpy as np
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import llama_fp8
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    llama_fp8 = _import_llama_fp8()
     k = jax.random.split(jax.random.key(7), 5)
     x = jax.random.normal(k[0], (2, 8, 64), jnp.float32)
     gamma = 1.0 + 0.1 * jax.random.normal(k[1], (64,), jnp.float32)
@@ -77,13 +82,7 @@ def test_llama_fp8_backward_is_the_high_precision_one():
 def test_llama_fp8_model_sizes(capsys):
     """--hidden must divide into --heads (and, for MXFP8, into blocks of 32);
     the CPU has no jax.nn.scaled_matmul, which --recipe mxfp8 says."""
-    import sys
-
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import llama_fp8
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    llama_fp8 = _import_llama_fp8()
     with pytest.raises(SystemExit):
         llama_fp8.main(["--hidden", "100", "--heads", "3"])
     assert "--hidden (100) must be a multiple of --heads (3)" in capsys.readouterr().err
