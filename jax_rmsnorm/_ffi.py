@@ -97,13 +97,6 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     occupancy), and ``rule=``, the entry of docs/tuning.md that says why.
     The plans are plain C++ (csrc/plan), so this works on any machine.
     """
-    import numpy as np
-
-    names = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
-    def dtype_name(d):
-        d = np.dtype(d)
-        return names.get(d, "bfloat16" if d.name == "bfloat16" else str(d))
-
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     shape = tuple(int(s) for s in shape)
@@ -118,21 +111,30 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     if unknown:
         raise TypeError(f"describe_plan: unknown {direction} option(s) {unknown}; known: {sorted(known)}")
     dev = PLAN_DEVICES[device] if isinstance(device, str) else dict(device)
-    problem = dict(kind=kind, dtype=dtype_name(dtype), rows=rows, hidden=hidden, **options)
+    problem = dict(kind=kind, dtype=_dtype_name(dtype), rows=rows, hidden=hidden, **options)
     if param_dtype is not None:
-        problem["param_dtype"] = dtype_name(param_dtype)
+        problem["param_dtype"] = _dtype_name(param_dtype)
     if direction == "fwd":
         return _jax_rmsnorm_cpu.describe_fwd_plan(problem, dev)
     groups = int(problem.get("groups", 1))
     outputs = int(problem.setdefault("param_outputs", 1 if kind == "rms" else 2))
-    problem.setdefault("slots", cuda_slots(rows // max(groups, 1), hidden, outputs))
+    problem.setdefault("slots", cuda_slots(kind, dtype, rows // max(groups, 1), hidden, outputs))
     return _jax_rmsnorm_cpu.describe_bwd_plan(problem, dev)
 
 
-def cuda_slots(rows_per_group: int, hidden: int, param_outputs: int) -> int:
+def _dtype_name(d) -> str:
+    """The plans' name of a float dtype (float32, bfloat16, float16)."""
+    import numpy as np
+
+    return np.dtype(d).name
+
+
+def cuda_slots(kind: str, dtype, rows_per_group: int, hidden: int, param_outputs: int) -> int:
     """Rows of float32 partial dgamma/dbeta sums the CUDA backward's workspace
-    gets per parameter group (0: none; the plan's workspace_slots)."""
-    return _jax_rmsnorm_cpu.bwd_workspace_slots(int(rows_per_group), int(hidden), int(param_outputs))
+    gets per parameter group for x of ``dtype`` (0: none; the plan's
+    workspace_slots). ``kind``: "rms" or "layer"."""
+    return _jax_rmsnorm_cpu.bwd_workspace_slots(kind, _dtype_name(dtype), int(rows_per_group), int(hidden),
+                                                int(param_outputs))
 
 
 def plan_limits() -> dict:

@@ -623,7 +623,8 @@ def _bwd_local(st, dy, x, *rest):
         shaped = ps[0] if st.has_gamma or st.kind == RMS else ps[1]
         groups = math.prod(shaped.shape[:-1])
         rows = math.prod(x.shape[:-1])
-        n_floats = groups * outputs * hidden * _ffi.cuda_slots(rows // max(groups, 1), hidden, outputs)
+        n_floats = groups * outputs * hidden * _ffi.cuda_slots(
+            st.kind, x.dtype, rows // max(groups, 1), hidden, outputs)
     attrs = dict(zero_centered_gamma=st.zero_centered_gamma, has_gamma=st.has_gamma)
     if st.kind == LAYER:
         attrs["has_beta"] = st.has_beta

@@ -378,12 +378,14 @@ def test_dgamma_both_paths(kind, path, shape, platform, monkeypatch):
     slots = _ffi.cuda_slots
     # Columns: no workspace; slots: the workspace of a group too large for
     # the columns (the plan's slot count for more rows, cut to these).
-    forced = (lambda r, h, o: 0) if path == "columns" else (
-        lambda r, h, o: min(slots(1 << 20, h, o), max(r, 1)) if o else 0)
+    forced = (lambda k, d, r, h, o: 0) if path == "columns" else (
+        lambda k, d, r, h, o: min(slots(k, d, 1 << 20, h, o), max(r, 1)) if o else 0)
     monkeypatch.setattr(_ffi, "cuda_slots", forced)
     jax.clear_caches()
     try:
         for dtype, zc in ((jnp.bfloat16, False), (jnp.float32, True)):
+            if path == "columns" and kind == "layer" and dtype == jnp.float32:
+                continue  # float32 LayerNorm always takes slots (test_dgamma_path_choice)
             _check(kind, dtype, shape, platform, jnp.float32 if zc else dtype, zc, kind == "layer",
                    case_key((kind, shape, zc)))
     finally:
@@ -394,11 +396,17 @@ def test_dgamma_path_choice():
     # Decode-time groups take the column kernel; a group as large as L2 or
     # larger takes slots (512 x 262144 read x and dy twice from DRAM).
     from jax_rmsnorm._ffi import cuda_slots
-    assert cuda_slots(16, 4096, 1) == 0
-    assert cuda_slots(512, 8192, 2) == 0
-    assert cuda_slots(512, 262144, 1) > 0
-    assert cuda_slots(513, 1024, 1) > 0
-    assert cuda_slots(4096, 4096, 0) == 0  # no parameter gradient wanted
+    assert cuda_slots("rms", jnp.bfloat16, 16, 4096, 1) == 0
+    assert cuda_slots("layer", jnp.bfloat16, 512, 8192, 2) == 0
+    assert cuda_slots("rms", jnp.float32, 512, 8192, 1) == 0
+    assert cuda_slots("rms", jnp.bfloat16, 512, 262144, 1) > 0
+    assert cuda_slots("rms", jnp.bfloat16, 513, 1024, 1) > 0
+    assert cuda_slots("rms", jnp.bfloat16, 4096, 4096, 0) == 0  # no parameter gradient wanted
+    # float32 LayerNorm centres each row in the dx kernels, which the column
+    # sums cannot: slots at every size.
+    assert cuda_slots("layer", jnp.float32, 1, 4096, 2) == 1
+    assert cuda_slots("layer", jnp.float32, 16, 4096, 1) == 16
+    assert cuda_slots("layer", jnp.float32, 16, 4096, 0) == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)

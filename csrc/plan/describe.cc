@@ -127,7 +127,7 @@ std::string describe(const BwdPlan& p) {
     case BwdKernel::kNone: return "none";
     case BwdKernel::kDecode:
       name = "bwd_decode";
-      config = p.direct ? "direct" : "tiles";
+      config = !p.direct ? "tiles" : p.sums == ParamSums::kReduce ? "slots" : "direct";
       break;
     case BwdKernel::kRegs: name = "bwd_regs"; break;
     case BwdKernel::kSlices:

@@ -120,7 +120,14 @@ void bind_describe(nb::module_& m) {
   m.def("describe_bwd_plan", [](const nb::dict& problem, const nb::dict& device) {
     return describe(plan_bwd(bwd_problem_of(problem), device_of(device)));
   });
-  m.def("bwd_workspace_slots", &workspace_slots);
+  m.def("bwd_workspace_slots", [](const std::string& kind, const std::string& dtype, int64_t rows_per_group,
+                                   int64_t hidden, int param_outputs) {
+    nb::dict d;
+    d["kind"] = kind;
+    d["dtype"] = dtype;
+    return workspace_slots(named(d, "kind", kKinds), named(d, "dtype", kDTypes), rows_per_group, hidden,
+                           param_outputs);
+  });
   // The plans' thresholds that the tests probe on both sides.
   m.def("plan_limits", [] {
     nb::dict d;

@@ -476,21 +476,33 @@ struct BwdPlan {
 
 BwdPlan plan_bwd(const BwdProblem& p, const Device& d);
 
+// Whether the backward centres each row again (float32 LayerNorm): the
+// saved mean is the row's mean rounded to float32, off by up to half an ulp
+// of it, which in rows far from zero (|mean| much larger than std) shifts
+// every xhat of the row alike. The dx kernels take a third row sum, of xhat
+// (zero at the exact mean), and remove that shift from the row's xhat, its
+// coefficients and its dgamma sums. 16-bit x carry more rounding of their
+// own than the shift (see kShiftedSums).
+constexpr bool centres_rows(NormKind kind, DType x) { return kind == NormKind::kLayer && x == DType::kF32; }
+
 // Rows of float32 partial dgamma/dbeta sums ("slots") the backward's
 // workspace gets, per parameter group (the primitives allocate it at trace
 // time). None for groups of at most kColumnRows rows and kColumnElems
 // elements: dgamma/dbeta are summed straight from x and dy (bwd_decode's
 // column CTAs, or bwd_columns), which the dx kernel reads too, so that L2
 // serves one of the two reads; larger groups would read them from DRAM a
-// second time (docs/tuning.md, column-rows). Otherwise kSlotFloats floats a
-// group at most, kMaxSlots slots (slot-budget).
+// second time (docs/tuning.md, column-rows). Not for rows the backward
+// centres (centres_rows): the column sums see no whole row, so those always
+// take slots, summed by the dx kernels after each row's centring.
+// Otherwise kSlotFloats floats a group at most, kMaxSlots slots
+// (slot-budget).
 inline constexpr int64_t kSlotFloats = int64_t{1} << 24;
 inline constexpr int64_t kMaxSlots = 4096;
 inline constexpr int64_t kColumnRows = 512;
 inline constexpr int64_t kColumnElems = 512 * 8192;
-constexpr int64_t workspace_slots(int64_t rows_per_group, int64_t hidden, int param_outputs) {
+constexpr int64_t workspace_slots(NormKind kind, DType x, int64_t rows_per_group, int64_t hidden, int param_outputs) {
   if (param_outputs == 0 || hidden == 0) return 0;
-  if (rows_per_group <= kColumnRows && rows_per_group * hidden <= kColumnElems) return 0;
+  if (!centres_rows(kind, x) && rows_per_group <= kColumnRows && rows_per_group * hidden <= kColumnElems) return 0;
   int64_t slots = kSlotFloats / (param_outputs * hidden);
   slots = slots < 1 ? 1 : slots > kMaxSlots ? kMaxSlots : slots;
   return slots < rows_per_group ? slots : (rows_per_group > 1 ? rows_per_group : 1);

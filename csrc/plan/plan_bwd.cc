@@ -14,7 +14,11 @@ using namespace ::jrn::bwd;
 void plan_decode(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device& d) {
   plan.kernel = BwdKernel::kDecode;
   plan.rule = "bwd-decode";
-  plan.direct = p.rows == 1 && p.param_outputs > 0;
+  // Centred rows (centres_rows) of more than one row each write their
+  // dgamma/dbeta sums to their own workspace slot, which bwd_reduce adds:
+  // the column CTAs would miss each row's centring.
+  const bool to_slots = centres_rows(p.kind, p.x) && p.rows > 1 && p.param_outputs > 0;
+  plan.direct = (p.rows == 1 || to_slots) && p.param_outputs > 0;
   const bool tiles_wanted = !plan.direct && p.param_outputs > 0;
   auto make = [&](int items, int splits, int parts = 1) {
     plan.items = items;
@@ -42,6 +46,10 @@ void plan_decode(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device&
     plan.rule = "decode-launch";
   }
   plan.sums = ParamSums::kNone;  // the launch sums dgamma/dbeta itself
+  if (to_slots) {
+    plan.sums = ParamSums::kReduce;
+    plan.sums_vec = p.hidden % 4 == 0 && p.sums_aligned ? 4 : 1;
+  }
 }
 
 // bwd_slices' cluster for rows of `nvec` packs (see bwd-cluster-split).
@@ -153,7 +161,8 @@ BwdPlan plan_packs(const BwdProblem& p, const Device& d, int vec) {
   plan.key = {p.kind, p.x, p.param, vec};
   const int64_t nvec = p.hidden / vec, rpg = p.groups > 0 ? p.rows / p.groups : 0;
   const int64_t max_rows = nvec > kDecodeNarrowPacks ? kDecodeMaxRows : kDecodeNarrowMaxRows;
-  if (bwd_decode_exists(plan.key) && p.slots == 0 && !p.coef && p.groups == 1 && p.rows <= max_rows &&
+  const bool slots_free = p.slots == 0 || (centres_rows(p.kind, p.x) && p.slots >= p.rows);  // a slot a row
+  if (bwd_decode_exists(plan.key) && slots_free && !p.coef && p.groups == 1 && p.rows <= max_rows &&
       nvec <= kDecodeMaxPacks) {
     plan_decode(plan, p, nvec, d);
     return plan;

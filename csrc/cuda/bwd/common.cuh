@@ -16,6 +16,10 @@
 // With `coef` (the hidden dim split across devices) the kernels take the row
 // means c1 = mean(gdy * xhat) and, for LayerNorm, c2 = mean(gdy) of the whole
 // row from it (row_coefs).
+//
+// float32 LayerNorm centres each row again (kCentred): xhat = (x - mean) *
+// rstd + nb, where nb = -mean(xhat) over the row undoes the rounding of the
+// saved float32 mean (plan::centres_rows).
 #pragma once
 
 #include "../common/cluster.cuh"
@@ -27,21 +31,28 @@ namespace jrn::cuda {
 namespace {
 using namespace ::jrn::bwd;
 
-// The row sums of the backward, acc = {sum(g * xhat), sum(g)}, g = dy * scale,
-// over the row's threads (and its cluster's CTAs): RMSNorm needs only the
-// first, so it reduces one value (the second is then dead code).
-template <NormKind K>
-constexpr int kGradSums = K == NormKind::kLayer ? 2 : 1;
+// Whether x's rows are centred again (plan::centres_rows: float32
+// LayerNorm): a third row sum, sum(xhat) over the row, gives the shift nb
+// that the saved mean's float32 rounding put on every xhat of the row.
+template <NormKind K, class T>
+constexpr bool kCentred = plan::centres_rows(K, dtype_of<T>());
+
+// The row sums of the backward, acc = {sum(g * xhat), sum(g), sum(xhat)},
+// g = dy * scale, over the row's threads (and its cluster's CTAs): RMSNorm
+// needs only the first, LayerNorm the first two, centred rows all three;
+// the rest are dead code.
+template <NormKind K, class T>
+constexpr int kGradSums = K == NormKind::kLayer ? (kCentred<K, T> ? 3 : 2) : 1;
 
 // WIDE: cta_sum (bwd_slices: whole warps).
-template <NormKind K, bool WIDE = false>
-__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
-                                              ClusterPush<kGradSums<K>>* exchange = nullptr, int buf = 0) {
-  float(&sums)[kGradSums<K>] = reinterpret_cast<float(&)[kGradSums<K>]>(acc);
+template <NormKind K, class T, bool WIDE = false>
+__device__ __forceinline__ void grad_row_sums(float (&acc)[3], float* smem,
+                                              ClusterPush<kGradSums<K, T>>* exchange = nullptr, int buf = 0) {
+  float(&sums)[kGradSums<K, T>] = reinterpret_cast<float(&)[kGradSums<K, T>]>(acc);
   if constexpr (WIDE) {
-    cta_sum<kGradSums<K>>(sums, smem);
+    cta_sum<kGradSums<K, T>>(sums, smem);
   } else {
-    row_sum<kGradSums<K>>(sums, smem);
+    row_sum<kGradSums<K, T>>(sums, smem);
   }
   if (exchange) exchange->sum(sums, buf);  // a cluster of one: nothing to add
 }
@@ -49,11 +60,11 @@ __device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem,
 // The same, then, where `clustered`, the CTAs' sums added over the cluster by
 // cluster_sum (each CTA's pulled from its `xchg`, parity 0): for kernels of
 // one row a cluster that take these sums once (bwd_decode's split rows).
-template <NormKind K, bool WIDE = false>
-__device__ __forceinline__ void grad_row_sums(float (&acc)[2], float* smem, float (*xchg)[kGradSums<K>],
+template <NormKind K, class T, bool WIDE = false>
+__device__ __forceinline__ void grad_row_sums(float (&acc)[3], float* smem, float (*xchg)[kGradSums<K, T>],
                                               bool clustered) {
-  grad_row_sums<K, WIDE>(acc, smem);
-  if (clustered) cluster_sum<kGradSums<K>>(reinterpret_cast<float(&)[kGradSums<K>]>(acc), xchg, 0);
+  grad_row_sums<K, T, WIDE>(acc, smem);
+  if (clustered) cluster_sum<kGradSums<K, T>>(reinterpret_cast<float(&)[kGradSums<K, T>]>(acc), xchg, 0);
 }
 
 // p[0] + p[stride] + ... + p[(n - 1) * stride], added in that order: the
@@ -65,17 +76,36 @@ __device__ __forceinline__ float ordered_sum(const float* p, int n, int stride) 
   return total;
 }
 
-// The row's (c1, c2) = (mean(gdy * xhat), mean(gdy); c2 = 0 for RMSNorm):
-// given in a.coef (grad_sums_per_row values a row, combined across the
-// devices that split the hidden dim) or from the row's own sums `acc`.
+// A row's coefficients: c1 = mean(gdy * xhat), c2 = mean(gdy) (0 for
+// RMSNorm), and nb, the shift that centres the row's xhat (0 but for
+// centred rows, kCentred).
+struct RowCoefs {
+  float c1, c2, nb;
+};
+
+// A row's coefficients, given in a.coef (grad_sums_per_row values a row,
+// combined across the devices that split the hidden dim; no centring) or
+// from the row's own sums `acc` (grad_row_sums). Centred, xhat + nb has
+// mean zero, and sum(g * (xhat + nb)) = acc[0] + nb * acc[1].
 // `read` false: the row is past the end (no coefficients to read).
-template <NormKind K>
-__device__ __forceinline__ void row_coefs(const BwdArgs& a, int64_t row, bool read, const float (&acc)[2],
-                                          float* c1, float* c2) {
+template <NormKind K, class T>
+__device__ __forceinline__ RowCoefs row_coefs(const BwdArgs& a, int64_t row, bool read, const float (&acc)[3]) {
   constexpr int kGiven = grad_sums_per_row(K);
-  const int64_t H = a.shape.hidden;
-  *c1 = a.coef ? (read ? a.coef[kGiven * row] : 0.f) : acc[0] / static_cast<float>(H);
-  *c2 = K != NormKind::kLayer ? 0.f : a.coef ? (read ? a.coef[kGiven * row + 1] : 0.f) : acc[1] / static_cast<float>(H);
+  const float H = static_cast<float>(a.shape.hidden);
+  RowCoefs c;
+  c.nb = kCentred<K, T> && !a.coef ? -acc[2] / H : 0.f;
+  c.c1 = a.coef ? (read ? a.coef[kGiven * row] : 0.f) : (kCentred<K, T> ? fmaf(c.nb, acc[1], acc[0]) : acc[0]) / H;
+  c.c2 = K != NormKind::kLayer ? 0.f : a.coef ? (read ? a.coef[kGiven * row + 1] : 0.f) : acc[1] / H;
+  return c;
+}
+
+// xhat of one column: centred, (x - mean) * rstd + nb (x - mean is exact in
+// float32 for x within a factor of two of the mean); else one FFMA,
+// x * rstd - mean * rstd (with grad_sums_scaled: fewer instructions a column;
+// docs/tuning.md, grad-dx-xhat).
+template <bool CENTRED>
+__device__ __forceinline__ float xhat_of(float x, float mean, float rstd, float nb) {
+  return CENTRED ? fmaf(x - mean, rstd, nb) : fmaf(x, rstd, -mean * rstd);
 }
 
 // Slots [0, used) of group blockIdx.y; `stride` is the slot count the
@@ -95,19 +125,17 @@ __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64
 // FOLD (LayerNorm): rstd * (g - c2 - xh * c1) as g * rstd + (xh * k1 + k0),
 // k1 = -c1 * rstd and k0 = -c2 * rstd the row's, one instruction a column
 // fewer (bwd_slices' LEAN).
-template <NormKind K, int VEC, bool FOLD = false>
+template <NormKind K, class T, bool FOLD = false, int VEC>
 __device__ __forceinline__ void grad_dx(float (&out)[VEC], float (&dg)[VEC], float (&db)[VEC], const float (&xv)[VEC],
                                         const float (&d)[VEC], const float (&s)[VEC], float mean, float rstd,
-                                        float c1, float c2) {
+                                        RowCoefs c) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    // xhat as one FFMA, x * rstd - mean * rstd (with grad_sums_scaled: fewer
-    // instructions a column; docs/tuning.md, grad-dx-xhat).
-    const float xh = fmaf(xv[j], rstd, -mean * rstd);
+    const float xh = xhat_of<kCentred<K, T>>(xv[j], mean, rstd, c.nb);
     if constexpr (FOLD && K == NormKind::kLayer) {
-      out[j] = fmaf(d[j] * s[j], rstd, fmaf(xh, -c1 * rstd, -c2 * rstd));
+      out[j] = fmaf(d[j] * s[j], rstd, fmaf(xh, -c.c1 * rstd, -c.c2 * rstd));
     } else {
-      out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+      out[j] = rstd * (d[j] * s[j] - c.c2 - xh * c.c1);
     }
     dg[j] += d[j] * xh;
     if constexpr (K == NormKind::kLayer) db[j] += d[j];
@@ -124,6 +152,7 @@ __device__ __forceinline__ void add_dh(const BwdArgs& a, int64_t idx, float (&ou
 }
 
 // Adds dy * xhat (and dy, for LayerNorm) of one column's pack over rows
+// (never centred rows, kCentred: launch_bwd gives them slots)
 // first, first + step, ... below `rows` of the group from row0 to dg (db),
 // U rows' raw packs in flight, widened one row at a time (fewer registers).
 // I: the index type (int where the caller's bounds keep 32 bits enough).

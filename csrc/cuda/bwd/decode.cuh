@@ -1,6 +1,7 @@
 // bwd_decode: the backward at decode-time row counts (plan: at most
-// kDecodeMaxRows rows, one parameter group, no workspace), and its column
-// CTAs that sum dgamma/dbeta in the same launch.
+// kDecodeMaxRows rows, one parameter group, no workspace but a slot a row
+// for centred rows), and its column CTAs that sum dgamma/dbeta in the same
+// launch.
 #pragma once
 
 #include "../common/launch.cuh"
@@ -40,16 +41,18 @@ __device__ __forceinline__ void decode_columns(const BwdArgs& a, int tile) {
 }
 
 // The backward at decode-time row counts (launch_bwd_decode: at most
-// kBwdDecodeMaxRows rows, one parameter group, no workspace): one row a CTA
+// kBwdDecodeMaxRows rows, one parameter group): one row a CTA
 // (up to kBwdDecodePartsMaxRows wide rows: a cluster of kBwdDecodeParts CTAs
 // a row, their sums added through distributed shared memory), ITEMS packs a
 // thread held raw; x, dy, the scales and the row's statistics
 // loaded at once after the early launch's wait, and one reduction a row, as
 // in fwd_decode. The persistent kernels' pipeline (bwd_slices' stages, the
 // slot's walk over rows) is start-up cost that a row or a few never repay.
-// DIRECT: the launch's only row, whose dy * xhat and dy are dgamma and dbeta,
-// written here. Otherwise the CTAs after the rows' sum dgamma/dbeta by
-// columns (decode_columns), in the same launch: one kernel a step.
+// DIRECT: each row writes its dy * xhat and dy itself: dgamma and dbeta
+// where it is the launch's only row, else (centred rows, kCentred, given a
+// workspace) its own workspace slot, which bwd_reduce adds after. Otherwise
+// the CTAs after the rows' sum dgamma/dbeta by columns (decode_columns), in
+// the same launch: one kernel a step.
 template <NormKind K, class T, class P, int VEC, int ITEMS, bool DIRECT>
 __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   early_launch_wait();  // launched by launch_early_clustered: before any global memory access
@@ -64,7 +67,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
   }
   using V = Pack<T, VEC>;
   __shared__ float smem[kRowSumSmem];
-  __shared__ float xchg[2][kGradSums<K>];
+  __shared__ float xchg[2][kGradSums<K, T>];
   const int H = static_cast<int>(a.shape.hidden), nvec = H / VEC;
   // parts is a power of two (the launcher's).
   const int row = static_cast<int>(blockIdx.x) >> (__ffs(parts) - 1), rank = static_cast<int>(blockIdx.x) & (parts - 1);
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
       if constexpr (kHoldScales) load_scale<VEC>(gamma, pack(i) * VEC, a.zero_centered, s[i]);
     }
   }
-  float acc[2] = {0.f, 0.f};
+  float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (in[i]) {
@@ -102,9 +105,8 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
     }
   }
   grad_sums_scaled(acc, rstd);
-  grad_row_sums<K, true>(acc, smem, xchg, parts > 1);
-  float c1, c2;
-  row_coefs<K>(a, row, true, acc, &c1, &c2);
+  grad_row_sums<K, T, true>(acc, smem, xchg, parts > 1);
+  const RowCoefs c = row_coefs<K, T>(a, row, true, acc);
   T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -114,12 +116,19 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
       if constexpr (!kHoldScales) load_scale<VEC>(gamma, col, a.zero_centered, si);
       unpack(xv[i], xf);
       unpack(dv[i], d);
-      grad_dx<K, VEC>(out, dg, db, xf, d, kHoldScales ? s[i] : si, mean, rstd, c1, c2);
+      grad_dx<K, T>(out, dg, db, xf, d, kHoldScales ? s[i] : si, mean, rstd, c);
       if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
       store_pack<VEC>(dx + col, out);
       if constexpr (DIRECT) {
-        if (a.dgamma) store_pack<VEC>(static_cast<P*>(a.dgamma) + col, dg);
-        if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(static_cast<P*>(a.dbeta) + col, db);
+        if (kCentred<K, T> && a.workspace) {  // centred rows: to the row's slot
+          const SlotLayout l{a.shape.rows, a.slots};
+          int out = 0;
+          if (a.dgamma) store_pack<VEC>(slot_row(a, l, row, out++) + col, dg);
+          if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, row, out) + col, db);
+        } else {
+          if (a.dgamma) store_pack<VEC>(static_cast<P*>(a.dgamma) + col, dg);
+          if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(static_cast<P*>(a.dbeta) + col, db);
+        }
       }
     }
   }

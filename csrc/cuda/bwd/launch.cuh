@@ -99,9 +99,14 @@ ffi::Error run_decode(cudaStream_t stream, const BwdArgs& a, const plan::BwdPlan
     };
     auto kernel = p.items == 1 ? pick(Int<1>{}) : p.items == 2 ? pick(Int<2>{}) : pick(Int<4>{});
     BwdArgs b = a;
-    b.slots = p.splits;  // without a workspace `slots` carries the column tiles' rows of threads
-    return launch_early_clustered(kernel, dim3(static_cast<unsigned>(p.ctas)), dim3(p.threads),
-                                  static_cast<unsigned>(p.cluster), stream, "bwd_decode", b);
+    const bool to_slots = p.sums == plan::ParamSums::kReduce;  // centred rows: a slot a row
+    if (!to_slots) {
+      b.workspace = nullptr;
+      b.slots = p.splits;  // without a workspace `slots` carries the column tiles' rows of threads
+    }
+    JRN_RETURN_IF_ERROR(launch_early_clustered(kernel, dim3(static_cast<unsigned>(p.ctas)), dim3(p.threads),
+                                               static_cast<unsigned>(p.cluster), stream, "bwd_decode", b));
+    return to_slots ? run_param_sums<K, T, P>(stream, a, p, SlotLayout{a.shape.rows, a.slots}) : ffi::Error::Success();
   } else {
     return ffi::Error::Internal("jax_rmsnorm: bwd_decode moves 16-byte packs");
   }
@@ -198,6 +203,10 @@ ffi::Error run_unaligned(cudaStream_t stream, const BwdArgs& a, const plan::BwdP
 template <NormKind K, class T, class P>
 ffi::Error launch_bwd(cudaStream_t stream, const BwdArgs& a) {
   constexpr int kVec = 16 / sizeof(T);
+  // The primitives give centred rows' dgamma/dbeta a workspace at any size
+  // (plan::workspace_slots): the column sums would miss each row's centring.
+  if (plan::centres_rows(K, dtype_of<T>()) && a.param_outputs() > 0 && a.shape.rows > 0 && !a.workspace)
+    return ffi::Error::InvalidArgument("jax_rmsnorm: float32 LayerNorm's backward needs its workspace");
   const plan::BwdPlan p = plan::plan_bwd(bwd_problem<K, T, P>(a), this_device());
   switch (p.kernel) {
     case plan::BwdKernel::kNone: return ffi::Error::Success();

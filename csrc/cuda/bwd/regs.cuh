@@ -41,8 +41,11 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
     const float rstd = valid ? a.rstd[row] : 0.f;
     const float mean = (K == NormKind::kLayer && valid) ? a.mean[row] : 0.f;
 
-    float xh[kRegItems][VEC], g[kRegItems][VEC];
-    float acc[2] = {0.f, 0.f};
+    // Centred rows (kCentred) keep dy: their dgamma sums wait for the row's
+    // shift nb.
+    constexpr bool kCentre = kCentred<K, T>;
+    float xh[kRegItems][VEC], g[kRegItems][VEC], dk[kCentre ? kRegItems : 1][VEC];
+    float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
       const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
@@ -56,7 +59,12 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
           g[i][j] = d[j] * scale[i][j];
           acc[0] += g[i][j] * xh[i][j];
           acc[1] += g[i][j];
-          dg[i][j] += d[j] * xh[i][j];
+          acc[2] += xh[i][j];
+          if constexpr (kCentre) {
+            dk[i][j] = d[j];
+          } else {
+            dg[i][j] += d[j] * xh[i][j];
+          }
           if constexpr (K == NormKind::kLayer) db[i][j] += d[j];
         }
       } else {
@@ -64,9 +72,8 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
         for (int j = 0; j < VEC; ++j) xh[i][j] = g[i][j] = 0.f;
       }
     }
-    grad_row_sums<K>(acc, smem);
-    float c1, c2;
-    row_coefs<K>(a, row, valid, acc, &c1, &c2);
+    grad_row_sums<K, T>(acc, smem);
+    const RowCoefs c = row_coefs<K, T>(a, row, valid, acc);
     if (valid) {
       T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
@@ -75,7 +82,13 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
         if (col < H) {
           float out[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = rstd * (g[i][j] - c2 - xh[i][j] * c1);
+          for (int j = 0; j < VEC; ++j) {
+            if constexpr (kCentre) {
+              xh[i][j] += c.nb;
+              dg[i][j] += dk[i][j] * xh[i][j];
+            }
+            out[j] = rstd * (g[i][j] - c.c2 - xh[i][j] * c.c1);
+          }
           if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
           store_pack<VEC>(dx + col, out);
         }

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // of this CTA's slice (kSliceItems * blockDim.x, where gamma is given).
   extern __shared__ uint4 stages[];
   __shared__ float smem[kRowSumSmem];
-  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K>];
+  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K, T>];
   __shared__ alignas(8) uint64_t landed[2], pushed[2];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int rank = static_cast<int>(blockIdx.x % cluster);
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   const int64_t slice_elems = slice_columns(rank, static_cast<int64_t>(packs) * VEC, H);
   const unsigned slice_bytes = static_cast<unsigned>(slice_elems * sizeof(T));
   BulkStages ring(landed);
-  ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
+  ClusterPush<kGradSums<K, T>> exchange(xchg, pushed, cluster, rank);
   auto prefetch = [&](int64_t r, int st) {
     if (threadIdx.x == 0 && r < rpg && slice_bytes > 0) {
       const int64_t off = (row0 + r) * H + first;
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
             dhr[i] = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.dh) + row * H + first + local(i));
         }
       }
-      float acc[2] = {0.f, 0.f};
+      float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
         if (in_row(i)) {
@@ -212,13 +212,12 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
         }
       }
       grad_sums_scaled<kLean>(acc, rstd, mean);
-      grad_row_sums<K, true>(acc, smem, &exchange, st);
+      grad_row_sums<K, T, true>(acc, smem, &exchange, st);
       if constexpr (!EARLY) {
         ring.order_refill_after_reduction();  // one-warp CTAs: hidden 1024 in bf16
         prefetch(r + l.used, st ^ 1);
       }
-      float c1, c2;
-      row_coefs<K>(a, row, true, acc, &c1, &c2);
+      const RowCoefs c = row_coefs<K, T>(a, row, true, acc);
       T* dx = static_cast<T*>(a.dx) + row * H + first;
 #pragma unroll
       for (int i = 0; i < kSliceItems; ++i) {
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
           unpack<true>(*stage(st, 0, i), xf);
           unpack<true>(*stage(st, 1, i), df);
           scale_of(i, s);
-          grad_dx<K, VEC, kLean>(out, dg[i], db[i], xf, df, s, mean, rstd, c1, c2);
+          grad_dx<K, T, kLean>(out, dg[i], db[i], xf, df, s, mean, rstd, c);
           if (a.dh) {
             float dhf[VEC];
             unpack(dhr[i], dhf);

@@ -31,13 +31,12 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
     const T* dy = static_cast<const T*>(a.dy) + row * H;
     const float rstd = a.rstd[row];
     const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
-    float acc[2] = {0.f, 0.f};
+    float acc[3] = {0.f, 0.f, 0.f};
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x)
       add_grad_sums<VEC>(acc, x, dy, gamma, p * VEC, a.zero_centered, mean);
     grad_sums_scaled(acc, rstd);
-    grad_row_sums<K>(acc, smem);
-    float c1, c2;
-    row_coefs<K>(a, row, true, acc, &c1, &c2);
+    grad_row_sums<K, T>(acc, smem);
+    const RowCoefs c = row_coefs<K, T>(a, row, true, acc);
     T* dx = static_cast<T*>(a.dx) + row * H;
     for (int64_t p = threadIdx.x; p < nvec; p += blockDim.x) {
       float xv[VEC], d[VEC], s[VEC], out[VEC];
@@ -46,8 +45,8 @@ __global__ void __launch_bounds__(kStreamThreads) bwd_stream(BwdArgs a, SlotLayo
       load_scale<VEC>(gamma, p * VEC, a.zero_centered, s);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float xh = (xv[j] - mean) * rstd;
-        out[j] = rstd * (d[j] * s[j] - c2 - xh * c1);
+        const float xh = kCentred<K, T> ? fmaf(xv[j] - mean, rstd, c.nb) : (xv[j] - mean) * rstd;
+        out[j] = rstd * (d[j] * s[j] - c.c2 - xh * c.c1);
         xv[j] = d[j] * xh;  // reuse: this row's dgamma contribution
       }
       if (a.dh) add_dh<VEC, T>(a, row * H + p * VEC, out);

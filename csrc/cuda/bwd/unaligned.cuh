@@ -11,16 +11,16 @@ using namespace ::jrn::bwd;
 // One element of a row taken on its own by bwd_unaligned (a head or tail
 // element): its column, effective scale and dgamma/dbeta sums over the
 // slot's rows, its x and dy in the next row (loaded a row ahead), and the
-// current row's xhat and g.
+// current row's xhat, g and dy.
 struct LoneColumn {
   int col;
   bool has;
-  float scale, dg, db, nx, nd, xh, g;
+  float scale, dg, db, nx, nd, xh, g, d;
 };
 
 template <class P>
 __device__ __forceinline__ LoneColumn lone_column(const P* gamma, int col, bool has, bool zero_centered) {
-  LoneColumn e{col, has, 1.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  LoneColumn e{col, has, 1.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (has) {
     float s[1];
     load_scale<1>(gamma, col, zero_centered, s);
@@ -38,25 +38,31 @@ __device__ __forceinline__ void lone_load(LoneColumn& e, bool in, const BwdArgs&
 }
 
 // The element's part of the row sums and of dgamma/dbeta, from the x and dy
-// loaded last (`in`: the row is valid and the element exists).
-template <NormKind K>
-__device__ __forceinline__ void lone_sums(LoneColumn& e, bool in, float mean, float rstd, float (&acc)[2]) {
-  e.xh = e.g = 0.f;
+// loaded last (`in`: the row is valid and the element exists). Centred rows
+// (kCentred) add to dgamma in lone_dx, after the row's shift is known.
+template <NormKind K, class T>
+__device__ __forceinline__ void lone_sums(LoneColumn& e, bool in, float mean, float rstd, float (&acc)[3]) {
+  e.xh = e.g = e.d = 0.f;
   if (!in) return;
   e.xh = (e.nx - mean) * rstd;
   e.g = e.nd * e.scale;
+  e.d = e.nd;
   acc[0] += e.g * e.xh;
   acc[1] += e.g;
-  e.dg += e.nd * e.xh;
+  acc[2] += e.xh;
+  if constexpr (!kCentred<K, T>) e.dg += e.nd * e.xh;
   if constexpr (K == NormKind::kLayer) e.db += e.nd;
 }
 
 // The element's dx, in the row from `start` (a valid row).
-template <class T>
-__device__ __forceinline__ void lone_dx(const BwdArgs& a, const LoneColumn& e, int64_t start, float rstd, float c1,
-                                        float c2) {
+template <NormKind K, class T>
+__device__ __forceinline__ void lone_dx(const BwdArgs& a, LoneColumn& e, int64_t start, float rstd, RowCoefs c) {
   if (!e.has) return;
-  float out[1] = {rstd * (e.g - c2 - e.xh * c1)};
+  if constexpr (kCentred<K, T>) {
+    e.xh += c.nb;
+    e.dg += e.d * e.xh;
+  }
+  float out[1] = {rstd * (e.g - c.c2 - e.xh * c.c1)};
   if (a.dh) add_dh<1, T>(a, start + e.col, out);
   store_pack<1>(static_cast<T*>(a.dx) + start + e.col, out);
 }
@@ -101,7 +107,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
   const int cluster = CLUSTERED ? cluster_size : 1;
   using Vec = Pack<T, VEC>;
   __shared__ float smem[kRowSumSmem];
-  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K>];
+  __shared__ alignas(8) float xchg[2][kMaxCluster][kGradSums<K, T>];
   __shared__ alignas(8) uint64_t pushed[2];
   const int64_t H = a.shape.hidden, rpg = a.shape.rows_per_group();
   const int64_t group_row0 = static_cast<int64_t>(blockIdx.y) * rpg;
@@ -115,7 +121,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
   const int first = rank * tpr * ITEMS;  // the CTA's first pack
   auto pack = [&](int i) { return first + tid + i * tpr; };  // the row's pack that item i holds
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + blockIdx.y * H : nullptr;
-  ClusterPush<kGradSums<K>> exchange(xchg, pushed, cluster, rank);
+  ClusterPush<kGradSums<K, T>> exchange(xchg, pushed, cluster, rank);
 
   // The thread's columns' effective scale and dgamma (dbeta) sums, in shared
   // memory (the registers have no room for them): float4 q of pack i of
@@ -200,7 +206,7 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
     const float rstd = valid ? next_rstd : 0.f;
     const float mean = valid ? next_mean : 0.f;
 
-    float acc[2] = {0.f, 0.f};
+    float acc[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       cx[i] = nx[i];
@@ -214,11 +220,10 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
       }
     }
     grad_sums_scaled(acc, rstd);
-    lone_sums<K>(e, valid && e.has, mean, rstd, acc);
+    lone_sums<K, T>(e, valid && e.has, mean, rstd, acc);
     load_row(r + l.used);  // in flight during the reduction and the stores
-    grad_row_sums<K>(acc, smem, CLUSTERED ? &exchange : nullptr, buf);
-    float c1, c2;
-    row_coefs<K>(a, row, valid, acc, &c1, &c2);
+    grad_row_sums<K, T>(acc, smem, CLUSTERED ? &exchange : nullptr, buf);
+    const RowCoefs c = row_coefs<K, T>(a, row, valid, acc);
     if (!valid) continue;
     T* dx = static_cast<T*>(a.dx) + row * H;
 #pragma unroll
@@ -232,14 +237,14 @@ __global__ void __maxnreg__(CLUSTERED ? 112 : ITEMS == 2 ? 96 : 128)
         read_cols(kScale, i, sc);
         read_cols(kDg, i, dg);
         if constexpr (K == NormKind::kLayer) read_cols(kDb, i, db);
-        grad_dx<K>(out, dg, db, xv, d, sc, mean, rstd, c1, c2);
+        grad_dx<K, T>(out, dg, db, xv, d, sc, mean, rstd, c);
         write_cols(kDg, i, dg);
         if constexpr (K == NormKind::kLayer) write_cols(kDb, i, db);
         if (a.dh) add_dh<VEC, T>(a, row * H + col, out);
         store_pack<VEC>(dx + col, out);
       }
     }
-    lone_dx<T>(a, e, row * H, rstd, c1, c2);
+    lone_dx<K, T>(a, e, row * H, rstd, c);
   }
 
   if (CLUSTERED) cluster_done();

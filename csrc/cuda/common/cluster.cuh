@@ -84,17 +84,20 @@ struct ClusterPush {
     __trap();
 #else
     // Lane q of the first warp pushes to rank q in one store (M = 2: 8
-    // bytes; M = 4: 16, the slots aligned to 16 bytes).
-    static_assert(M == 1 || M == 2 || M == 4, "ClusterPush: one, two or four values a row");
+    // bytes; M = 4: 16, the slots aligned to 16 bytes), or M = 3 in three.
+    static_assert(M >= 1 && M <= 4, "ClusterPush: one to four values a row");
     if (threadIdx.y == 0 && threadIdx.x < size) {
       if (threadIdx.x == 0) mbar_expect(&bars[parity], static_cast<unsigned>(size * M * sizeof(float)));
       const int q = static_cast<int>(threadIdx.x);
       unsigned rslot, rbar;
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(smem_u32(&slots[parity][rank][0])), "r"(q));
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(&bars[parity])), "r"(q));
-      if constexpr (M == 1) {
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
-                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(rbar) : "memory");
+      if constexpr (M == 1 || M == 3) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+                       ::"r"(rslot + 4u * m), "r"(__float_as_uint(v[m])), "r"(rbar) : "memory");
+        }
       } else if constexpr (M == 2) {
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
                      ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");

@@ -78,23 +78,26 @@ __device__ __forceinline__ RowCut cut_row(int64_t start, int64_t hidden) {
 }
 
 // The backward's row sums over a pack of VEC columns, x, dy and the scales
-// as floats: acc[0] += sum(g * (x - mean)) and, with two sums, acc[1] +=
-// sum(g), where g = dy * scale. acc[0] is not yet multiplied by rstd: the
-// caller does that once a row (grad_sums_scaled), one multiply a column
-// fewer. SHIFTED (two sums): acc[0] += sum(g * x) instead, one subtraction a
-// column fewer, and grad_sums_scaled takes mean * acc[1] off once a row.
+// as floats: acc[0] += sum(g * (x - mean)), with two sums or more acc[1] +=
+// sum(g), where g = dy * scale, and with three acc[2] += sum(x - mean)
+// (centred rows, bwd/common.cuh). acc[0] and acc[2] are not yet multiplied
+// by rstd: the caller does that once a row (grad_sums_scaled), one multiply
+// a column fewer. SHIFTED (two sums): acc[0] += sum(g * x) instead, one
+// subtraction a column fewer, and grad_sums_scaled takes mean * acc[1] off
+// once a row. Sums the caller never reads are dead code.
 template <int VEC, bool SHIFTED = false, int SUMS>
 __device__ __forceinline__ void add_grad_sums_of(float (&acc)[SUMS], const float (&xv)[VEC], const float (&d)[VEC],
                                                  const float (&s)[VEC], float mean) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     const float g = d[j] * s[j];
-    if constexpr (SHIFTED && SUMS == 2) {
+    if constexpr (SHIFTED && SUMS >= 2) {
       acc[0] = fmaf(g, xv[j], acc[0]);
     } else {
       acc[0] += g * (xv[j] - mean);
     }
-    if constexpr (SUMS == 2) acc[1] += g;
+    if constexpr (SUMS >= 2) acc[1] += g;
+    if constexpr (SUMS >= 3) acc[2] += xv[j] - mean;
   }
 }
 
@@ -107,12 +110,13 @@ __device__ __forceinline__ void add_grad_sums_of(float (&acc)[SUMS], const float
 template <NormKind K, class T>
 constexpr bool kShiftedSums = K == NormKind::kLayer && sizeof(T) == 2;
 
-// A thread's sums of add_grad_sums_of as sum(g * xhat): acc[0] times rstd
-// (SHIFTED: less mean * sum(g) first).
+// A thread's sums of add_grad_sums_of as sum(g * xhat) (and sum(xhat)):
+// acc[0] (and acc[2]) times rstd (SHIFTED: less mean * sum(g) first).
 template <bool SHIFTED = false, int SUMS>
 __device__ __forceinline__ void grad_sums_scaled(float (&acc)[SUMS], float rstd, float mean = 0.f) {
-  if constexpr (SHIFTED && SUMS == 2) acc[0] = fmaf(-mean, acc[1], acc[0]);
+  if constexpr (SHIFTED && SUMS >= 2) acc[0] = fmaf(-mean, acc[1], acc[0]);
   acc[0] *= rstd;
+  if constexpr (SUMS >= 3) acc[2] *= rstd;
 }
 
 // The same over the VEC columns from `col` of x and dy (the row's).
