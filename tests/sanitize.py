@@ -97,7 +97,7 @@ def fp8_outputs(h):
         lambda x, r, g: jrn.layer_norm_fp8_rowwise(x, g, g),  # its row max pushed after the sums
     ]
     groups = [gs for gs in (16, 128) if h % gs == 0]
-    # Block-scaled (RMSNorm's codes are bit-exact), with the columnwise copy
+    # Block-scaled, with the columnwise copy
     # (fwd_columns) where the rows are whole blocks.
     blocks = [lambda x, r, g: jrn.rms_norm_mxfp8(x, g, transpose=x.shape[0] % 32 == 0)] if h % 32 == 0 else []
     if h % 16 == 0:
@@ -108,15 +108,35 @@ def fp8_outputs(h):
 
 def compare(calls, x, r, g, tol):
     """Each call on the GPU against this library's CPU kernels, with a
-    tolerance by the output's dtype (FP8: one FP8 step)."""
+    tolerance by the output's dtype (FP8 and E2M1 codes, E8M0 scales: one
+    step; a value at a rounding boundary may round either way)."""
     cpu = jax.devices("cpu")[0]
     on_cpu = lambda *a: [jax.device_put(v, cpu) for v in a]
     for f in calls:
         got, want = f(x, r, g), f(*on_cpu(x, r, g))
         for a, b in zip(got, want):
             t = {np.dtype(jnp.float8_e4m3fn): 0.13, np.dtype(jnp.float8_e5m2): 0.26,
+                 np.dtype(jnp.float4_e2m1fn): 0.5, np.dtype(jnp.float8_e8m0fnu): 1.0,
                  np.dtype(jnp.float32): max(tol, 1e-4)}.get(np.dtype(a.dtype), 3e-2)
             check(a.astype(jnp.float32), b.astype(jnp.float32), t)
+
+
+def block_scaled(x, r, g):
+    """The block-scaled outputs fp8_outputs leaves out (LayerNorm's, and both
+    with a residual), with the columnwise copy where the rows are whole
+    blocks: run for the sanitizers alone (tests/test_block_scaled.py checks
+    their values)."""
+    m, h = x.shape
+    calls = []
+    if h % 32 == 0:
+        calls += [lambda: jrn.layer_norm_mxfp8(x, g, g, transpose=m % 32 == 0),
+                  lambda: jrn.rms_norm_mxfp8(x, g, residual=r, transpose=m % 32 == 0),
+                  lambda: jrn.layer_norm_mxfp8(x, g, g, residual=r)]
+    if h % 16 == 0:
+        calls += [lambda: jrn.layer_norm_nvfp4(x, g, g, global_scale=0.01, transpose=m % 16 == 0),
+                  lambda: jrn.rms_norm_nvfp4(x, g, global_scale=0.01, residual=r)]
+    for f in calls:
+        jax.block_until_ready(f())
 
 
 def fused(x, r, g, tol):
@@ -145,6 +165,7 @@ def fused(x, r, g, tol):
                 calls.append(lambda x, r, g, gs=gs, s=s: jrn.add_rms_norm(on(q, x), r, g, x_scale=on(s, x),
                                                                           group_size=gs))
     compare(calls + fp8_outputs(h), x, r, g, tol)
+    block_scaled(x, r, g)
     cpu = jax.devices("cpu")[0]
     on_cpu = lambda *a: [jax.device_put(v, cpu) for v in a]
     loss = lambda x, r, g: sum(jnp.sum(v.astype(jnp.float32)) for v in jrn.add_rms_norm(x, r, g))
