@@ -211,6 +211,9 @@ struct BwdArgs {
   JRN_HOST_DEVICE int param_which(int k) const { return k == 0 && dgamma ? 0 : 1; }
   JRN_HOST_DEVICE void* param_output(int k) const { return param_which(k) == 0 ? dgamma : dbeta; }
 };
+// Every backward kernel takes BwdArgs by value: a larger struct changed the
+// code of all of them (docs/tuning.md, bwd-centred-rows).
+static_assert(sizeof(BwdArgs) <= 128, "BwdArgs grew past 128 bytes: check the backward kernels' code");
 
 // Per-row partial statistics of a slice of the hidden dim (the building blocks
 // of distributed normalization). Two kinds:
