@@ -21,8 +21,18 @@ int64_t get(const nb::dict& d, const char* key, int64_t fallback) {
 bool flag(const nb::dict& d, const char* key, bool fallback) {
   return d.contains(key) ? nb::cast<bool>(d[key]) : fallback;
 }
-// The value option `key` names among `names` ({name, value} pairs); `fallback`
-// where the option is absent (required where there is none).
+// The value `s` (option `key`) names among `names` ({name, value} pairs).
+template <class E, size_t N>
+E named(const std::string& s, const char* key, const std::pair<const char*, E> (&names)[N]) {
+  std::string known;
+  for (size_t i = 0; i < N; ++i) {
+    if (s == names[i].first) return names[i].second;
+    known += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + names[i].first;
+  }
+  throw std::invalid_argument(std::string(key) + " must be " + known + ", got " + s);
+}
+// The same for option `key` of `d`; `fallback` where the option is absent
+// (required where there is none).
 template <class E, size_t N>
 E named(const nb::dict& d, const char* key, const std::pair<const char*, E> (&names)[N],
         std::optional<E> fallback = std::nullopt) {
@@ -30,13 +40,7 @@ E named(const nb::dict& d, const char* key, const std::pair<const char*, E> (&na
     if (fallback) return *fallback;
     throw std::invalid_argument(std::string(key) + " is required");
   }
-  const std::string s = nb::cast<std::string>(d[key]);
-  std::string known;
-  for (size_t i = 0; i < N; ++i) {
-    if (s == names[i].first) return names[i].second;
-    known += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + names[i].first;
-  }
-  throw std::invalid_argument(std::string(key) + " must be " + known + ", got " + s);
+  return named(nb::cast<std::string>(d[key]), key, names);
 }
 
 constexpr std::pair<const char*, DType> kDTypes[] = {
@@ -122,10 +126,7 @@ void bind_describe(nb::module_& m) {
   });
   m.def("bwd_workspace_slots", [](const std::string& kind, const std::string& dtype, int64_t rows_per_group,
                                    int64_t hidden, int param_outputs) {
-    nb::dict d;
-    d["kind"] = kind;
-    d["dtype"] = dtype;
-    return workspace_slots(named(d, "kind", kKinds), named(d, "dtype", kDTypes), rows_per_group, hidden,
+    return workspace_slots(named(kind, "kind", kKinds), named(dtype, "dtype", kDTypes), rows_per_group, hidden,
                            param_outputs);
   });
   // The plans' thresholds that the tests probe on both sides.

@@ -9,6 +9,20 @@ namespace {
 
 using namespace ::jrn::bwd;
 
+// dgamma/dbeta after the dx kernel, from columns of `vec` elements.
+void plan_param_sums(BwdPlan& plan, const BwdProblem& p, int vec) {
+  if (p.param_outputs == 0) {
+    plan.sums = ParamSums::kNone;
+  } else if (p.slots == 0) {
+    plan.sums = ParamSums::kColumns;
+    plan.sums_vec = vec;
+    plan.column_tiles = ceil_div(p.hidden / vec, kColLanes);
+  } else {
+    plan.sums = ParamSums::kReduce;
+    plan.sums_vec = p.hidden % 4 == 0 && p.sums_aligned ? 4 : 1;
+  }
+}
+
 // bwd_decode's launch: packs a thread, the CTA's threads, the column tiles'
 // rows of threads (splits) and count, and CTAs a row (a cluster).
 void plan_decode(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device& d) {
@@ -46,10 +60,7 @@ void plan_decode(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device&
     plan.rule = "decode-launch";
   }
   plan.sums = ParamSums::kNone;  // the launch sums dgamma/dbeta itself
-  if (to_slots) {
-    plan.sums = ParamSums::kReduce;
-    plan.sums_vec = p.hidden % 4 == 0 && p.sums_aligned ? 4 : 1;
-  }
+  if (to_slots) plan_param_sums(plan, p, plan.key.vec);  // slots: bwd_reduce
 }
 
 // bwd_slices' cluster for rows of `nvec` packs (see bwd-cluster-split).
@@ -139,20 +150,6 @@ void plan_unaligned(BwdPlan& plan, const BwdProblem& p, const Device& d) {
     return;
   }
   plan.rule = "unaligned-max-cluster";
-}
-
-// dgamma/dbeta after the dx kernel, from columns of `vec` elements.
-void plan_param_sums(BwdPlan& plan, const BwdProblem& p, int vec) {
-  if (p.param_outputs == 0) {
-    plan.sums = ParamSums::kNone;
-  } else if (p.slots == 0) {
-    plan.sums = ParamSums::kColumns;
-    plan.sums_vec = vec;
-    plan.column_tiles = ceil_div(p.hidden / vec, kColLanes);
-  } else {
-    plan.sums = ParamSums::kReduce;
-    plan.sums_vec = p.hidden % 4 == 0 && p.sums_aligned ? 4 : 1;
-  }
 }
 
 // Rows of `vec`-element packs: bwd_decode, bwd_regs, bwd_slices or bwd_stream.

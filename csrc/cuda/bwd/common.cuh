@@ -120,6 +120,16 @@ __device__ __forceinline__ float* slot_row(const BwdArgs& a, SlotLayout l, int64
   return a.workspace + ((blockIdx.y * l.stride + slot) * K + out) * H;
 }
 
+// A slot's dgamma (and dbeta) sums of the VEC columns from `col` into its
+// workspace rows: the outputs wanted, in order.
+template <NormKind K, int VEC>
+__device__ __forceinline__ void store_slot_sums(const BwdArgs& a, SlotLayout l, int64_t slot, int64_t col,
+                                                const float (&dg)[VEC], const float (&db)[VEC]) {
+  int out = 0;
+  if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg);
+  if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db);
+}
+
 // dx of a pack of VEC columns (x, dy and the scales as floats) into `out`,
 // and the pack's dy * xhat and dy added to its dgamma and dbeta sums.
 // FOLD (LayerNorm): rstd * (g - c2 - xh * c1) as g * rstd + (xh * k1 + k0),

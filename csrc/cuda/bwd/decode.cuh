@@ -121,10 +121,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) bwd_decode(BwdArgs a) {
       store_pack<VEC>(dx + col, out);
       if constexpr (DIRECT) {
         if (kCentred<K, T> && a.workspace) {  // centred rows: to the row's slot
-          const SlotLayout l{a.shape.rows, a.slots};
-          int out = 0;
-          if (a.dgamma) store_pack<VEC>(slot_row(a, l, row, out++) + col, dg);
-          if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, row, out) + col, db);
+          store_slot_sums<K>(a, SlotLayout{a.shape.rows, a.slots}, row, col, dg, db);
         } else {
           if (a.dgamma) store_pack<VEC>(static_cast<P*>(a.dgamma) + col, dg);
           if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(static_cast<P*>(a.dbeta) + col, db);

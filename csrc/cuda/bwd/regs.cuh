@@ -100,11 +100,7 @@ __global__ void __launch_bounds__(kRegThreads) bwd_regs(BwdArgs a, SlotLayout l)
 #pragma unroll
   for (int i = 0; i < kRegItems; ++i) {
     const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
-    if (col < H) {
-      int out = 0;
-      if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + col, dg[i]);
-      if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + col, db[i]);
-    }
+    if (col < H) store_slot_sums<K>(a, l, slot, col, dg[i], db[i]);
   }
 }
 

@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   }
 #pragma unroll
   for (int i = 0; i < kSliceItems; ++i) {
-    if (in_row(i)) {
+    if (in_row(i)) {  // store_slot_sums written out: the call changed this kernel's code
       int out = 0;
       if (a.dgamma) store_pack<VEC>(slot_row(a, l, slot, out++) + first + local(i), dg[i]);
       if (K == NormKind::kLayer && a.dbeta) store_pack<VEC>(slot_row(a, l, slot, out) + first + local(i), db[i]);
