@@ -847,3 +847,40 @@ def test_nvfp4_rounding_boundaries(dtype, shape, global_scale, platform):
     np.testing.assert_array_equal(_bits(s), _bits(rs))
     np.testing.assert_array_equal(_bits(q), _bits(rq))
     assert (np.asarray(s).astype(np.float32) == 1.0).all()  # the premise of the boundaries
+
+
+# NVFP4's scales at and around E4M3's rounding boundaries: max |t| / 6 of a
+# block (t = y / global_scale) on a boundary (a value of four mantissa bits;
+# an odd multiple of 2^-10 in E4M3's subnormal range), and nudged up or down
+# by up to 60 ulps of t (the kernels' first try hands those within 16 ulps of
+# the quotient to the divisions). As above, y = +-gamma exactly.
+def _scale_boundary_gamma(global_scale, hidden, key):
+    rng = np.random.default_rng(key)
+    bounds = [(2 * k + 1) * 2.0 ** -10 for k in range(8)]
+    bounds += [(1 + (2 * m + 1) / 16) * 2.0 ** e for e in range(-6, 9) for m in range(8)]
+    bounds = np.asarray([b for b in bounds if b < 448], np.float32)
+    blocks = hidden // 16
+    t = np.float32(6) * rng.choice(bounds, size=blocks)  # exact: b has at most five significant bits
+    for i, k in enumerate(rng.choice([0, 1, 2, 3, 5, 8, 12, 16, 20, 24, 30, 40, 60], size=blocks)):
+        toward = np.float32(np.inf) if rng.random() < 0.5 else np.float32(0)
+        for _ in range(k):
+            t[i] = np.nextafter(t[i], toward)
+    y = (t * np.float32(global_scale)).astype(np.float32)
+    block = rng.uniform(-0.9, 0.9, size=(blocks, 16)).astype(np.float32) * y[:, None]
+    block[np.arange(blocks), rng.integers(0, 16, blocks)] = y
+    return block.reshape(hidden)
+
+
+@pytest.mark.parametrize("global_scale", [1.0, 0.37], ids=["g1", "g0.37"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=dname)
+def test_nvfp4_scale_rounding_boundaries(dtype, global_scale, platform):
+    rows, hidden = 4, 4096
+    key = case_key(("nvfp4-scale-boundaries", dname(dtype), global_scale))
+    signs = np.where(np.random.default_rng(key).random((rows, hidden)) < 0.5, -1.0, 1.0).astype(np.float32)
+    gamma = _scale_boundary_gamma(global_scale, hidden, key)
+    x, g = put(platform, jnp.asarray(signs, dtype), jnp.asarray(gamma))
+    y = signs * gamma
+    q, s = jrn.rms_norm_nvfp4(x, g, eps=0.0, global_scale=jnp.float32(global_scale))
+    rq, rs = quantize_blocks(y, "nvfp4", ml_dtypes.float4_e2m1fn, 16, global_scale=np.float32(global_scale))
+    np.testing.assert_array_equal(_bits(s), _bits(rs))
+    np.testing.assert_array_equal(_bits(q), _bits(rq))

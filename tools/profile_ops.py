@@ -58,6 +58,11 @@ def ops(x, g, b, dy):
         "rms_fp8_current_t": lambda: jrn.rms_norm_fp8_current(x, g, transpose=True),  # and q_t
         "ln_fp8_current": lambda: jrn.layer_norm_fp8_current(x, g, b),
         "ln_fp8_current_t": lambda: jrn.layer_norm_fp8_current(x, g, b, transpose=True),
+        "rms_mxfp8": lambda: jrn.rms_norm_mxfp8(x, g),
+        "rms_mxfp8_t": lambda: jrn.rms_norm_mxfp8(x, g, transpose=True),  # and the columnwise copy
+        "rms_nvfp4": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(1 / 2688)),
+        "ln_nvfp4": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(1 / 2688)),
+        "rms_nvfp4_t": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(1 / 2688), transpose=True),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
         "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
         "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32

@@ -36,19 +36,33 @@ __device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) 
 // kNvfp4: the E4M3 scale byte of a block of max |y| `gm` under global scale
 // `g`: E4M3(min(max|t| / 6, 448)), t = y / g (the max of the quotients is the
 // quotient of the max: the division rounds monotonically).
+// Two divisions a block (by every lane of it) are first replaced by q = gm *
+// (1 / |g|) * (1 / 6), approximate reciprocals: within 8 ulps of the divisions'
+// RN(RN(gm / g) / 6). Every boundary of E4M3's rounding (values of four
+// mantissa bits; odd multiples of 2^-10 below 2^-6) has its low 18 bits zero,
+// so where q's lie farther than 16 ulps from 0 (mod 2^18) q rounds to the same
+// byte; elsewhere, and for |g| outside 2^-100..2^100 or gm above 2^27 (or
+// NaN), the divisions decide.
 __device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) {
-  const float tmax = fabsf(__fdiv_rn(gm, g));  // g < 0 (an array is not checked): |t| as the CPU takes it
-  if (!(tmax <= 3.402823466e38f)) {
-    c.finite = false;
-    return kE4M3Nan;
-  }
-  const uint8_t s = __nv_cvt_float_to_fp8(__fdiv_rn(tmax, kFp4Max), __NV_SATFINITE, __NV_E4M3);
-  c.value = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
-  // The multiplier of nvfp4_code's first try, where it is a normal number
-  // (1 / value lies within 2^-9..2^9; |g| within 2^-100..2^100 keeps the
-  // product far from float32's limits).
   const float ag = fabsf(g);
-  c.mul = c.value != 0.f && ag >= 0x1p-100f && ag <= 0x1p100f ? __frcp_rn(g) * __frcp_rn(c.value) : 0.f;
+  const bool g_normal = ag >= 0x1p-100f && ag <= 0x1p100f;
+  const float rg = quant_rcp(g);
+  float q = gm * (fabsf(rg) * (1.f / 6.f));
+  if (!(g_normal && gm <= 0x1p27f) || ((__float_as_uint(q) + 16u) & 0x3ffe0u) == 0u) {
+    const float tmax = fabsf(__fdiv_rn(gm, g));  // g < 0 (an array is not checked): |t| as the CPU takes it
+    if (!(tmax <= 3.402823466e38f)) {
+      c.finite = false;
+      return kE4M3Nan;
+    }
+    q = __fdiv_rn(tmax, kFp4Max);
+  }
+  const uint8_t s = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+  c.value = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
+  // The multiplier of nvfp4_code_near, where it is a normal number (1 / value
+  // lies within 2^-9..2^9; |g| within 2^-100..2^100 keeps the product far
+  // from float32's limits). Approximate reciprocals (within an ulp each) will
+  // do: the codes near a boundary take the divisions.
+  c.mul = c.value != 0.f && g_normal ? rg * quant_rcp(c.value) : 0.f;
   return s;
 }
 
@@ -62,30 +76,53 @@ __device__ __forceinline__ uint32_t e2m1(float v) {
   return ((__float_as_uint(v) >> 31) << 3) | c;
 }
 
-// The E2M1 code of y / g / value (each division rounded, as jax.nn's
-// quantizer takes them) in a block of finite values and value != 0. Two
-// divisions an element would make the NVFP4 output compute-bound, so the
-// quotient is first taken as t = y * c.mul, c.mul = RN(1 / g) * RN(1 / value):
-// t is within 6 ulps of the divisions' quotient. Every boundary of E2M1's
-// rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has a mantissa of at most two
-// bits, so where the low 21 bits of |t| lie farther than 16 ulps from 0
-// (mod 2^21) t and the quotient round to the same code, and any rounding of
-// ties will do: m < 1 takes RN(2m) (0, 0.5 or 1), m >= 1 rounds its mantissa
-// to one bit (half up) and reads code = exponent and bit, saturated at 6.
-// Elsewhere (zeros and values near a boundary included), and where
-// c.mul is 0, the divisions decide.
-__device__ __forceinline__ uint32_t nvfp4_code(float y, float g, const GroupCode& c) {
-  const float t = y * c.mul;
-  const uint32_t bits = __float_as_uint(t) & 0x7fffffffu;
-  if (c.mul == 0.f || ((bits + 16u) & 0x1fffffu) < 32u) return e2m1(__fdiv_rn(__fdiv_rn(y, g), c.value));
-  const float m = __uint_as_float(bits);
-  const uint32_t small = __float_as_uint(fmaf(m, 2.f, 0x1p23f)) - 0x4b000000u;  // RN(2m) for m < 1
-  const uint32_t big = min(((bits + 0x200000u) >> 22) - 252u, 7u);           // code 2 for 1.0, up to 7 for 6.0
-  return ((__float_as_uint(t) >> 31) << 3) | (m < 1.f ? small : big);
+// The E2M1 code of y / g / value, each division rounded as jax.nn's
+// quantizer takes them, for a finite y in a block of value != 0.
+__device__ __forceinline__ uint32_t nvfp4_code_divided(float y, float g, float value) {
+  return e2m1(__fdiv_rn(__fdiv_rn(y, g), value));
+}
+
+// The E2M1 code of t = y * c.mul, a stand-in for the quotient y / g / value
+// that two divisions an element would make compute-bound: c.mul = 1 / g * 1 /
+// value with approximate reciprocals, so t is within 8 ulps of the divisions'
+// quotient: where t lies farther than 16 ulps from every boundary of E2M1's
+// rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), t and the quotient round to
+// the same code, and any rounding of ties will do. The code of m = |t| >= 1 is
+// read from its bits: the mantissa rounded to one bit (half up), then
+// exponent and bit, 2 for 1.0 up to 7 (saturated) from 5 on. Below 1, where
+// E2M1's step is 0.5 as on [1, 2), m takes the code of (m + 1) / 2 read the
+// same way (the rounding of m * 0.5 + 0.5 moves it by half an ulp of the
+// result, far inside the guard). Each boundary is then a value whose low 22
+// bits are 2^21 (a one-bit mantissa and a half), and the guard's 16 ulps ride
+// on the rounding's addend: values within them of a boundary set `near`, for
+// the caller to take the divisions. No branch: a word's eight codes run
+// straight, and the rare word with a near value is coded again.
+__device__ __forceinline__ uint32_t nvfp4_code_near(float t, bool& near) {
+  float v = fabsf(t);
+  if (v < 1.f) v = fmaf(v, 0.5f, 0.5f);
+  const uint32_t x = __float_as_uint(v) + 0x200010u;  // 2^21 rounds the mantissa to one bit; 16 ulps of guard
+  near |= (x & 0x3fffe0u) == 0u;
+  const uint32_t mag = min((x >> 22) - 252u, 7u);    // 2 for 1.0 ([0.5, 1) gives 0 to 2)
+  return ((__float_as_uint(t) >> 31) << 3) | mag;
+}
+
+// The codes of eight values by the divisions (a word with a value near a
+// boundary, or a global scale far from 1); out of line: it is rare, and eight
+// inlined pairs of divisions at each store made the kernels' code several
+// times larger.
+struct Nvfp4Word {
+  float v[8];
+};
+static __device__ __noinline__ uint32_t nvfp4_word_divided(Nvfp4Word y, float g, float value) {
+  uint32_t word = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) word |= nvfp4_code_divided(y.v[j], g, value) << (4 * j);
+  return word;
 }
 
 // The NVFP4 codes of N (even) values of y, two a byte (the first in the low
-// 4 bits), at byte `dst`.
+// 4 bits), at byte `dst`. All +0 where the block is not coded (not finite, or
+// scale 0); c.mul == 0 (a global scale far from 1) takes the divisions.
 template <int N>
 __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], float g, const GroupCode& c) {
   static_assert(N % 2 == 0, "store_nvfp4: two codes a byte");
@@ -94,19 +131,24 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], f
 #pragma unroll
     for (int w = 0; w < N / 8; ++w) {
       uint32_t word = 0;
+      bool near = c.mul == 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) word |= (coded ? nvfp4_code(y[8 * w + j], g, c) : 0u) << (4 * j);
-      reinterpret_cast<uint32_t*>(dst)[w] = word;
+      for (int j = 0; j < 8; ++j) word |= nvfp4_code_near(y[8 * w + j] * c.mul, near) << (4 * j);
+      if (near && coded) {
+        Nvfp4Word yw;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) yw.v[j] = y[8 * w + j];
+        word = nvfp4_word_divided(yw, g, c.value);
+      }
+      reinterpret_cast<uint32_t*>(dst)[w] = coded ? word : 0u;
     }
   } else {
 #pragma unroll
     for (int j = 0; j < N; j += 2) {
-      uint32_t lo = 0, hi = 0;
-      if (coded) {
-        lo = nvfp4_code(y[j], g, c);
-        hi = nvfp4_code(y[j + 1], g, c);
-      }
-      dst[j / 2] = static_cast<uint8_t>(lo | (hi << 4));
+      bool near = c.mul == 0.f;
+      uint32_t pair = nvfp4_code_near(y[j] * c.mul, near) | (nvfp4_code_near(y[j + 1] * c.mul, near) << 4);
+      if (near && coded) pair = nvfp4_code_divided(y[j], g, c.value) | (nvfp4_code_divided(y[j + 1], g, c.value) << 4);
+      dst[j / 2] = static_cast<uint8_t>(coded ? pair : 0u);
     }
   }
 }
