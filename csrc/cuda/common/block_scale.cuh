@@ -40,7 +40,7 @@ __device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) 
 // (1 / |g|) * (1 / 6), approximate reciprocals: within 8 ulps of the divisions'
 // RN(RN(gm / g) / 6). Every boundary of E4M3's rounding (values of four
 // mantissa bits; odd multiples of 2^-10 below 2^-6) has its low 18 bits zero,
-// so where q's lie farther than 16 ulps from 0 (mod 2^18) q rounds to the same
+// so where q's lie at least 16 ulps from 0 (mod 2^18) q rounds to the same
 // byte; elsewhere, and for |g| outside 2^-100..2^100 or gm above 2^27 (or
 // NaN), the divisions decide.
 __device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) {
@@ -85,7 +85,7 @@ __device__ __forceinline__ uint32_t nvfp4_code_divided(float y, float g, float v
 // The E2M1 code of t = y * c.mul, a stand-in for the quotient y / g / value
 // that two divisions an element would make compute-bound: c.mul = 1 / g * 1 /
 // value with approximate reciprocals, so t is within 8 ulps of the divisions'
-// quotient: where t lies farther than 16 ulps from every boundary of E2M1's
+// quotient: where t lies at least 16 ulps from every boundary of E2M1's
 // rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), t and the quotient round to
 // the same code, and any rounding of ties will do. The code of m = |t| >= 1 is
 // read from its bits: the mantissa rounded to one bit (half up), then
@@ -94,8 +94,9 @@ __device__ __forceinline__ uint32_t nvfp4_code_divided(float y, float g, float v
 // same way (the rounding of m * 0.5 + 0.5 moves it by half an ulp of the
 // result, far inside the guard). Each boundary is then a value whose low 22
 // bits are 2^21 (a one-bit mantissa and a half), and the guard's 16 ulps ride
-// on the rounding's addend: values within them of a boundary set `near`, for
-// the caller to take the divisions. No branch: a word's eight codes run
+// on the rounding's addend: values less than 16 ulps from a boundary set
+// `near`, for the caller to take the divisions (tools/check_nvfp4_codes.py
+// checks this arithmetic on every float32 below 16). No branch: a word's eight codes run
 // straight, and the rare word with a near value is coded again.
 __device__ __forceinline__ uint32_t nvfp4_code_near(float t, bool& near) {
   float v = fabsf(t);
