@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one call on a GPU machine runs: build, GPU tests, benchmarks, sanitizers.
 # The benchmarks append their rows to benchmarks/results/<gpu>.csv (bring that file back).
-# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|ncu-block|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -53,6 +53,16 @@ for step in "$@"; do
       # ("no supported devices found for platform CUDA").
       KERNELS=fwd_slices COUNT=1 bash tools/ncu_run.sh 512 262144 rms_fwd ln_fwd
       KERNELS=bwd_ COUNT=2 bash tools/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
+    ncu-block)  # where the block-scaled forward spends its instructions: executed SASS by opcode and line
+      # (after another GPU step, as ncu-wide says)
+      for op in rms_mxfp8 rms_nvfp4; do
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name regex:fwd_slices \
+          --launch-skip 1 --launch-count 1 --section SourceCounters --section SpeedOfLight --section WarpStateStats \
+          -o "$OUT/ncu_$op" python3 tools/profile_ops.py "$op" --rows 8192 --hidden 4096 --calls 2 > /dev/null 2>&1
+        ncu --import "$OUT/ncu_$op.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$op.csv" 2>/dev/null
+        echo "== $op"
+        python3 tools/sass_summary.py --executed "$OUT/src_$op.csv" $((8192 * 4096)) --dump "$OUT/lines_$op.txt" | head -40
+      done ;;
     bench-unaligned)  # widths that are not a multiple of 8
       { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd
