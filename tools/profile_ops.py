@@ -41,6 +41,9 @@ def fp8_in(x):
     return x.astype(jnp.float8_e4m3fn), jnp.ones(x.shape[:-1] + (x.shape[-1] // 128,), jnp.float32)
 
 
+NVFP4_GLOBAL = 1.0 / (6 * 448)  # the global scale bench_fused.py gives the NVFP4 outputs
+
+
 def ops(x, g, b, dy):
     r = jnp.float32(0.5)
     return {
@@ -60,9 +63,9 @@ def ops(x, g, b, dy):
         "ln_fp8_current_t": lambda: jrn.layer_norm_fp8_current(x, g, b, transpose=True),
         "rms_mxfp8": lambda: jrn.rms_norm_mxfp8(x, g),
         "rms_mxfp8_t": lambda: jrn.rms_norm_mxfp8(x, g, transpose=True),  # and the columnwise copy
-        "rms_nvfp4": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(1 / 2688)),
-        "ln_nvfp4": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(1 / 2688)),
-        "rms_nvfp4_t": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(1 / 2688), transpose=True),
+        "rms_nvfp4": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL)),
+        "ln_nvfp4": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(NVFP4_GLOBAL)),
+        "rms_nvfp4_t": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL), transpose=True),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
         "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
         "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32

@@ -95,9 +95,9 @@ __device__ __forceinline__ uint32_t nvfp4_code_divided(float y, float g, float v
 // result, far inside the guard). Each boundary is then a value whose low 22
 // bits are 2^21 (a one-bit mantissa and a half), and the guard's 16 ulps ride
 // on the rounding's addend: values less than 16 ulps from a boundary set
-// `near`, for the caller to take the divisions (tools/check_nvfp4_codes.py
-// checks this arithmetic on every float32 below 16). No branch: a word's eight codes run
-// straight, and the rare word with a near value is coded again.
+// `near`, for the caller to take the divisions. No branch: a word's eight
+// codes run straight, and the rare word with a near value is coded again.
+// tools/check_nvfp4_codes.py checks this arithmetic on every float32 below 16.
 __device__ __forceinline__ uint32_t nvfp4_code_near(float t, bool& near) {
   float v = fabsf(t);
   if (v < 1.f) v = fmaf(v, 0.5f, 0.5f);
