@@ -1,14 +1,14 @@
 """Checks the arithmetic of the NVFP4 kernels' first try (csrc/cuda/common/block_scale.cuh)
 on every float32 it can meet, with NumPy standing in for the device's float32:
 
-- nvfp4_code_near: for every t in [0, 16) (1.1e9 values), the code read from
+- nvfp4_word_near: for every t in [0, 16) (1.1e9 values), the code read from
   the bits equals E2M1 rounded to nearest even wherever the guard does not
   flag t, and the guard flags every t less than 16 ulps from a rounding boundary
   (the first try's t is within 8 ulps of jax.nn's quotient).
 - nvfp4_scale: every boundary of E4M3's rounding has its low 18 bits zero, so
   the scale's guard (16 ulps around those) covers them all.
 
-    python tools/check_nvfp4_codes.py    # about 20 s; needs ml_dtypes
+    python tools/check_nvfp4_codes.py    # about 30 s; needs ml_dtypes
 
 Run it after changing either function's arithmetic.
 """
@@ -19,8 +19,8 @@ import ml_dtypes
 
 
 def code_near(t):
-    """nvfp4_code_near's magnitude code and guard for t >= 0 (float32)."""
-    v = np.where(t < 1, t * np.float32(0.5) + np.float32(0.5), t).astype(np.float32)  # one rounding, as fmaf
+    """nvfp4_word_near's magnitude code and guard for t >= 0 (float32)."""
+    v = np.maximum(t, (t * np.float32(0.5) + np.float32(0.5)).astype(np.float32))  # one rounding, as fmaf
     x = v.view(np.uint32).astype(np.uint64) + 0x200010
     return np.minimum((x >> 22) - 252, 7), (x & 0x3fffe0) == 0
 

@@ -21,6 +21,14 @@ struct GroupCode {
   bool finite = true;   // the block holds no NaN or infinity
 };
 
+// NVFP4's global scale g of a row's tensor (1 for the other rules), with
+// what each block's scale takes from it, formed once a row.
+struct GroupGlobal {
+  float g = 1.f;
+  float rcp = 1.f;     // quant_rcp(g)
+  bool normal = true;  // |g| within 2^-100..2^100: the first try's reciprocals apply
+};
+
 // kE8M0: the scale byte of a block of max |y| `gm` and the code's multiplier.
 __device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) {
   if (!(gm <= 3.402823466e38f)) {
@@ -43,12 +51,10 @@ __device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) 
 // so where q's lie at least 16 ulps from 0 (mod 2^18) q rounds to the same
 // byte; elsewhere, and for |g| outside 2^-100..2^100 or gm above 2^27 (or
 // NaN), the divisions decide.
-__device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) {
-  const float ag = fabsf(g);
-  const bool g_normal = ag >= 0x1p-100f && ag <= 0x1p100f;
-  const float rg = quant_rcp(g);
-  float q = gm * (fabsf(rg) * (1.f / 6.f));
-  if (!(g_normal && gm <= 0x1p27f) || ((__float_as_uint(q) + 16u) & 0x3ffe0u) == 0u) {
+__device__ __forceinline__ uint8_t nvfp4_scale(float gm, const GroupGlobal& global, GroupCode& c) {
+  const float g = global.g;
+  float q = gm * (fabsf(global.rcp) * (1.f / 6.f));
+  if (!(global.normal && gm <= 0x1p27f) || ((__float_as_uint(q) + 16u) & 0x3ffe0u) == 0u) {
     const float tmax = fabsf(__fdiv_rn(gm, g));  // g < 0 (an array is not checked): |t| as the CPU takes it
     if (!(tmax <= 3.402823466e38f)) {
       c.finite = false;
@@ -58,11 +64,11 @@ __device__ __forceinline__ uint8_t nvfp4_scale(float gm, float g, GroupCode& c) 
   }
   const uint8_t s = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
   c.value = __half2float(__half(__nv_cvt_fp8_to_halfraw(s, __NV_E4M3)));
-  // The multiplier of nvfp4_code_near, where it is a normal number (1 / value
+  // The multiplier of nvfp4_word_near, where it is a normal number (1 / value
   // lies within 2^-9..2^9; |g| within 2^-100..2^100 keeps the product far
   // from float32's limits). Approximate reciprocals (within an ulp each) will
   // do: the codes near a boundary take the divisions.
-  c.mul = c.value != 0.f && g_normal ? rg * quant_rcp(c.value) : 0.f;
+  c.mul = c.value != 0.f && global.normal ? global.rcp * quant_rcp(c.value) : 0.f;
   return s;
 }
 
@@ -82,29 +88,45 @@ __device__ __forceinline__ uint32_t nvfp4_code_divided(float y, float g, float v
   return e2m1(__fdiv_rn(__fdiv_rn(y, g), value));
 }
 
-// The E2M1 code of t = y * c.mul, a stand-in for the quotient y / g / value
-// that two divisions an element would make compute-bound: c.mul = 1 / g * 1 /
-// value with approximate reciprocals, so t is within 8 ulps of the divisions'
-// quotient: where t lies at least 16 ulps from every boundary of E2M1's
-// rounding (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), t and the quotient round to
-// the same code, and any rounding of ties will do. The code of m = |t| >= 1 is
-// read from its bits: the mantissa rounded to one bit (half up), then
-// exponent and bit, 2 for 1.0 up to 7 (saturated) from 5 on. Below 1, where
-// E2M1's step is 0.5 as on [1, 2), m takes the code of (m + 1) / 2 read the
-// same way (the rounding of m * 0.5 + 0.5 moves it by half an ulp of the
-// result, far inside the guard). Each boundary is then a value whose low 22
-// bits are 2^21 (a one-bit mantissa and a half), and the guard's 16 ulps ride
-// on the rounding's addend: values less than 16 ulps from a boundary set
-// `near`, for the caller to take the divisions. No branch: a word's eight
-// codes run straight, and the rare word with a near value is coded again.
-// tools/check_nvfp4_codes.py checks this arithmetic on every float32 below 16.
-__device__ __forceinline__ uint32_t nvfp4_code_near(float t, bool& near) {
-  float v = fabsf(t);
-  if (v < 1.f) v = fmaf(v, 0.5f, 0.5f);
-  const uint32_t x = __float_as_uint(v) + 0x200010u;  // 2^21 rounds the mantissa to one bit; 16 ulps of guard
-  near |= (x & 0x3fffe0u) == 0u;
-  const uint32_t mag = min((x >> 22) - 252u, 7u);    // 2 for 1.0 ([0.5, 1) gives 0 to 2)
-  return ((__float_as_uint(t) >> 31) << 3) | mag;
+// The E2M1 codes of eight values t_j = y[j] * mul (code j in bits 4j..4j+3),
+// a stand-in for the quotients y / g / value that two divisions an element
+// would make compute-bound: mul = 1 / g * 1 / value with approximate
+// reciprocals, so t is within 8 ulps of the divisions' quotient: where t lies
+// at least 16 ulps from every boundary of E2M1's rounding (0.25, 0.75, 1.25,
+// 1.75, 2.5, 3.5, 5), t and the quotient round to the same code, and any
+// rounding of ties will do. The code of m = |t| >= 1 is read from its bits:
+// the mantissa rounded to one bit (half up), then exponent and bit, 2 for
+// 1.0 up to 7 (saturated) from 5 on. Below 1, where E2M1's step is 0.5 as on
+// [1, 2), m takes the code of (m + 1) / 2 (the larger of the two above 1) read
+// the same way (its rounding moves it by half an ulp, far inside the guard).
+// Each boundary is then a value whose low 22 bits are 2^21 (a one-bit
+// mantissa and a half), and the guard's 16 ulps ride on the rounding's
+// addend: values less than 16 ulps from a boundary set `near`, for the caller
+// to take the divisions. Codes k and k + 4 are packed and saturated as the
+// 16-bit halves of one word, which then lands at bits 4k and 4k + 16. No
+// branch: a word's codes run straight, and the rare word with a near value is
+// coded again. tools/check_nvfp4_codes.py checks this arithmetic on every
+// float32 below 16.
+__device__ __forceinline__ uint32_t nvfp4_word_near(const float (&y)[8], float mul, bool& near) {
+  uint32_t word = 0, low = 0xffffffffu;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint32_t mag[2], bits[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float t = y[k + 4 * e] * mul;
+      const float m = fabsf(t);
+      const uint32_t x = __float_as_uint(fmaxf(m, fmaf(m, 0.5f, 0.5f))) + 0x200010u;  // 2^21 rounds; 16 ulps of guard
+      low = min(low, x & 0x3fffe0u);
+      mag[e] = (x >> 22) - 252u;  // 2 for 1.0 ([0.5, 1) gives 0 to 2)
+      bits[e] = __float_as_uint(t);
+    }
+    const uint32_t mags = __vminu2(__byte_perm(mag[0], mag[1], 0x5410), 0x00070007u);      // halves: k, k + 4
+    const uint32_t codes = mags | ((__byte_perm(bits[0], bits[1], 0x7632) >> 12) & 0x00080008u);  // signs
+    word |= codes << (4 * k);
+  }
+  near |= low == 0u;
+  return word;
 }
 
 // The codes of eight values by the divisions (a word with a value near a
@@ -121,35 +143,30 @@ static __device__ __noinline__ uint32_t nvfp4_word_divided(Nvfp4Word y, float g,
   return word;
 }
 
-// The NVFP4 codes of N (even) values of y, two a byte (the first in the low
-// 4 bits), at byte `dst`. All +0 where the block is not coded (not finite, or
-// scale 0); c.mul == 0 (a global scale far from 1) takes the divisions.
+// The NVFP4 codes of N (2, 4 or a multiple of 8) values of y, two a byte (the
+// first in the low 4 bits), at byte `dst`. All +0 where the block is not coded
+// (not finite, or scale 0); c.mul == 0 (a global scale far from 1) takes the
+// divisions. Fewer than 8 values are coded as a word padded with zeros.
 template <int N>
-__device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], float g, const GroupCode& c) {
-  static_assert(N % 2 == 0, "store_nvfp4: two codes a byte");
+__device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], const GroupGlobal& global,
+                                            const GroupCode& c) {
+  static_assert(N == 2 || N == 4 || N % 8 == 0, "store_nvfp4: 2, 4 or whole words of 8 codes");
   const bool coded = c.finite && c.value != 0.f;
-  if constexpr (N % 8 == 0) {  // whole 32-bit words
 #pragma unroll
-    for (int w = 0; w < N / 8; ++w) {
-      uint32_t word = 0;
-      bool near = c.mul == 0.f;
+  for (int w = 0; w < (N + 7) / 8; ++w) {
+    Nvfp4Word yw;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) word |= nvfp4_code_near(y[8 * w + j] * c.mul, near) << (4 * j);
-      if (near && coded) {
-        Nvfp4Word yw;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) yw.v[j] = y[8 * w + j];
-        word = nvfp4_word_divided(yw, g, c.value);
-      }
-      reinterpret_cast<uint32_t*>(dst)[w] = coded ? word : 0u;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; j += 2) {
-      bool near = c.mul == 0.f;
-      uint32_t pair = nvfp4_code_near(y[j] * c.mul, near) | (nvfp4_code_near(y[j + 1] * c.mul, near) << 4);
-      if (near && coded) pair = nvfp4_code_divided(y[j], g, c.value) | (nvfp4_code_divided(y[j + 1], g, c.value) << 4);
-      dst[j / 2] = static_cast<uint8_t>(coded ? pair : 0u);
+    for (int j = 0; j < 8; ++j) yw.v[j] = 8 * w + j < N ? y[8 * w + j] : 0.f;
+    bool near = c.mul == 0.f;
+    uint32_t word = nvfp4_word_near(yw.v, c.mul, near);
+    if (near && coded) word = nvfp4_word_divided(yw, global.g, c.value);
+    if (!coded) word = 0u;
+    if constexpr (N % 8 == 0) {
+      reinterpret_cast<uint32_t*>(dst)[w] = word;
+    } else if constexpr (N == 4) {
+      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(word);
+    } else {
+      *dst = static_cast<uint8_t>(word);
     }
   }
 }
@@ -157,11 +174,11 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], f
 // A group's codes of N values of y at element `idx` of the codes at `q`
 // (FP8 or NVFP4 by the rule): q, or the columnwise copy q_t.
 template <int N>
-__device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64_t idx, float (&y)[N], float g,
-                                            const GroupCode& c) {
+__device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64_t idx, float (&y)[N],
+                                            const GroupGlobal& global, const GroupCode& c) {
   uint8_t* q = static_cast<uint8_t*>(codes);
   if (a.group_scale == GroupScale::kNvfp4) {
-    if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, g, c);  // odd N never: callers pair elements
+    if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, global, c);  // odd N never: callers pair elements
   } else if (c.finite) {
     store_q<N>(q + idx, a.fp8, y, c.mul);
   } else {
@@ -170,18 +187,18 @@ __device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64
   }
 }
 template <int N>
-__device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], float g,
+__device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], const GroupGlobal& global,
                                             const GroupCode& c) {
-  store_codes<N>(a, a.y, idx, y, g, c);
+  store_codes<N>(a, a.y, idx, y, global, c);
 }
 
 // The scale of group `index` (of a row-major rows x hidden / group_size grid)
 // from its max |y|, stored where the rule keeps it if `store` (one of the
 // threads sharing a group); returns the group's coding. kFloat and kPow2 keep
 // float32 scales (quant_scale, then pow2_ceil_scale); the block formats a byte each.
-// `scales`: bytes for the block formats, else float32 (q's, or q_t's).
-__device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scales, int64_t index, float gm,
-                                                    float g, bool store = true) {
+// `scales`: q's (group_scales), or q_t's.
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
+                                                 const GroupGlobal& global, bool store = true) {
   GroupCode c;
   switch (a.group_scale) {
     case GroupScale::kE8M0: {
@@ -190,7 +207,7 @@ __device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scal
       break;
     }
     case GroupScale::kNvfp4: {
-      const uint8_t s = nvfp4_scale(gm, g, c);
+      const uint8_t s = nvfp4_scale(gm, global, c);
       if (store) static_cast<uint8_t*>(scales)[index] = s;
       break;
     }
@@ -203,15 +220,21 @@ __device__ __forceinline__ GroupCode group_scale_to(const FwdArgs& a, void* scal
   }
   return c;
 }
-__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, int64_t index, float gm, float g,
-                                                 bool store = true) {
-  void* scales = a.block_scales ? static_cast<void*>(a.block_scales) : static_cast<void*>(a.qscale);
-  return group_scale_to(a, scales, index, gm, g, store);
+// Where the group scales of q go: bytes for the block formats, else float32.
+__device__ __forceinline__ void* group_scales(const FwdArgs& a) {
+  return a.block_scales ? static_cast<void*>(a.block_scales) : static_cast<void*>(a.qscale);
 }
 
 // NVFP4's global scale for `row` (the kernel reads it per tensor), else 1.
-__device__ __forceinline__ float group_global(const FwdArgs& a, int64_t row) {
-  return a.group_scale == GroupScale::kNvfp4 ? a.scale[a.tensor_of(row)] : 1.f;
+__device__ __forceinline__ GroupGlobal group_global(const FwdArgs& a, int64_t row) {
+  GroupGlobal global;
+  if (a.group_scale == GroupScale::kNvfp4) {
+    global.g = a.scale[a.tensor_of(row)];
+    global.rcp = quant_rcp(global.g);
+    const float ag = fabsf(global.g);
+    global.normal = ag >= 0x1p-100f && ag <= 0x1p100f;
+  }
+  return global;
 }
 
 }  // namespace jrn::cuda

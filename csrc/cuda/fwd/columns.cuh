@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a, int til
   const int min_run = nvfp4 ? 64 : 32;
   const int run = static_cast<int>(G >= min_run ? G : (min_run / G) * G);
   const int runs = (n_rows + run - 1) / run;
-  const float global = group_global(a, r0);
+  const GroupGlobal global = group_global(a, r0);
   for (int i = threadIdx.x; i < runs * kColumnTileCols; i += kColumnThreads) {
     const int c = i % kColumnTileCols, first = (i / kColumnTileCols) * run;
     if (c >= n_cols) continue;
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a, int til
       float gm = 0.f;
       for (int r = g0; r < g0 + G; ++r) gm = max_abs(gm, tile[r * kPitch + c]);
       const int64_t group = qrow * (R / G) + (r_in + g0) / G;
-      const GroupCode code = group_scale_to(a, a.qt_scales, group, gm, global);
+      const GroupCode code = group_scale(a, a.qt_scales, group, gm, global);
       auto codes = [&]<int N>(std::integral_constant<int, N>) {
         for (int r = g0; r < g0 + G; r += N) {
           float v[N];

@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
     // blockDim.x a multiple of it, at most 32): its max by shuffles among
     // them. kGroup: float32 scales; kBlock: the rules of block_scale.cuh.
     const Pow2Groups groups(a.group_size, VEC);
-    [[maybe_unused]] const float global = Q == Quant::kBlock && valid ? group_global(a, row) : 1.f;
+    [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock && valid ? group_global(a, row) : GroupGlobal{};
 #pragma unroll
     for (int i = 0; i < kRegItems; ++i) {
       float gm = 0.f;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(V == plan::RegsVariant::kP32     ? kP32Threads
           store_q<VEC>(a, idx, v[i], 1.f / scale);
           if (groups.leader()) a.qscale[groups.index(idx)] = scale;
         } else {
-          const GroupCode code = group_scale(a, groups.index(idx), gm, global, groups.leader());
+          const GroupCode code = group_scale(a, group_scales(a), groups.index(idx), gm, global, groups.leader());
           store_group<VEC>(a, idx, v[i], global, code);
         }
       }

@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
   auto read = [&](int st, int i, float (&v)[VEC]) {
     unpack<kWordReads>(reinterpret_cast<const Vec*>(stages + st * packs)[pack(i)], v);
   };
+  [[maybe_unused]] void* const scales = per_group(Q) ? group_scales(a) : nullptr;  // the group scales of q
   // Per-tensor FP8: this thread's max |y| over the rows of tensor `tensor`
   // walked so far, merged into amax (one atomic per CTA) when the CTA moves
   // on to another tensor's rows and at the end. Uniform over the CTA.
@@ -267,16 +268,18 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
     }
     // The row's two sums (add_row_sums: RMSNorm's pair of sums of squares,
     // LayerNorm's {sum(d), sum(d^2)}, d = x - shift), and RMSNorm's per-row
-    // FP8 max |x * scale| after them. RMSNorm's scaled twin is summed here,
-    // with the squares, not derived afterwards (scaled_sq_of): a second read
-    // of the stage would cost the per-group outputs registers.
+    // FP8 max |x * scale| after them. RMSNorm's scaled twin is summed with
+    // the squares, except in the block-rule instances, which derive it
+    // (scaled_sq_of, the stage read again where the squares overflowed):
+    // ptxas spills less there, more elsewhere (docs/tuning.md, block-rule-instances).
+    constexpr bool kScaledLater = K == NormKind::kRms && Q == Quant::kBlock;
     float acc[kRed] = {};
 #pragma unroll
     for (int i = 0; i < kSliceItems; ++i) {
       if (in[i]) {
         float v[VEC];
         read(st, i, v);
-        if constexpr (K == NormKind::kRms) add_scaled_sq(acc[1], v);
+        if constexpr (K == NormKind::kRms && !kScaledLater) add_scaled_sq(acc[1], v);
         if constexpr (kRowMaxFirst && HOLD_Y) {  // RMSNorm: no shift; x * scale held
           add_sq_scaled_max<VEC>(acc, v, gamma, first + local(i), a.zero_centered, ys[i]);
         } else if constexpr (kRowMaxFirst && ONE_CTA) {  // gamma held
@@ -293,6 +296,20 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
 #pragma unroll
         for (int j = 0; j < VEC; ++j) ys[i][j] = 0.f;
       }
+    }
+    if constexpr (kScaledLater) {
+      acc[1] = scaled_sq_of(acc[0], [&] {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSliceItems; ++i) {
+          if (in[i]) {
+            float v[VEC];
+            read(st, i, v);
+            add_scaled_sq(sum, v);
+          }
+        }
+        return sum;
+      });
     }
     if constexpr (kMergeMax) {
       float red[3] = {acc[0], acc[1], pending_max};
@@ -508,7 +525,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // kBlock's rules (block_scale.cuh) code y itself, rstd applied first
           // (the codes are those of y's float32 values).
           constexpr bool kLateRstd = K == NormKind::kRms && Q == Quant::kGroup;
-          [[maybe_unused]] const float global = Q == Quant::kBlock ? group_global(a, row) : 1.f;
+          [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
 #pragma unroll
           for (int i = 0; i < kSliceItems; ++i) {
             float v[VEC];
@@ -528,7 +545,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
                 store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
                 if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
               } else {
-                const GroupCode code = group_scale(a, groups.index(out + local(i)), gm, global, groups.leader());
+                const GroupCode code = group_scale(a, scales, groups.index(out + local(i)), gm, global, groups.leader());
                 store_group<VEC>(a, out + local(i), v, global, code);
               }
             }

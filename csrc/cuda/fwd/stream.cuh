@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
     // group scale's rule (block_scale.cuh). NVFP4's codes go two a byte:
     // single-element packs are taken in pairs (its groups are even).
     const int64_t G = a.group_size, gvec = G / VEC;
-    const float global = group_global(a, row);
+    const GroupGlobal global = group_global(a, row);
     const bool pairs = VEC == 1 && a.group_scale == GroupScale::kNvfp4;
     for (int64_t g = threadIdx.x; g < H / G; g += blockDim.x) {
       float gm = 0.f;
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kStreamThreads) fwd_stream(FwdArgs a) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
       }
-      const GroupCode code = group_scale(a, row * (H / G) + g, gm, global);
+      const GroupCode code = group_scale(a, group_scales(a), row * (H / G) + g, gm, global);
       for (int64_t p = 0; p < gvec; p += pairs ? 2 : 1) {
         const int64_t col = g * G + p * VEC;
         if (pairs) {
