@@ -808,6 +808,111 @@ def test_kernel_columnwise(kind, fmt, platform):
     np.testing.assert_array_equal(_bits(pub[2]), qb)
 
 
+# fwd_tiles: q and q_t from one read of x, a cluster a slab of 32 rows. The
+# widths cut into one CTA (384), three of 960 columns (2880), four (4096) and
+# ten of 2048 (20480, past kMaxCluster CTAs of 1024); the scale rules of
+# groups of 16 and 32; parameters as float32, zero-centred or absent; two
+# tensors (vmap). RMSNorm bit for bit against y emulated from the kernel's
+# rstd, LayerNorm within a few ulps (as test_kernel_codes).
+TILE_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "float": ("float32", 32, E4M3),
+                "pow2": ("pow2", 16, E5M2)}
+TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64, 384), {}),
+              ("pow2", (64, 384), {}), ("mxfp8", (96, 2880), {}), ("nvfp4", (96, 2880), {"param": jnp.float32}),
+              ("mxfp8", (64, 4096), {"dtype": jnp.float16}), ("nvfp4", (64, 4096), {"zero_centered": True}),
+              ("mxfp8", (32, 20480), {}), ("nvfp4", (32, 20480), {"no_params": True}),
+              ("mxfp8", (2, 32, 1024), {}), ("nvfp4", (2, 64, 512), {})]
+
+
+def _tile_codes(fmt, y, block, g):
+    """(code bits, scale bits) of float32 ``y`` along its last axis."""
+    if fmt == "float":
+        q, s = _group_reference(y, E4M3, block, False)
+        return _bits(q), s.view(np.uint32)
+    if fmt == "pow2":
+        q, s = _group_reference(y, E5M2, block, True)
+        return _bits(q), s.view(np.uint32)
+    return _codes(y, fmt, block, g)
+
+
+def _assert_kernel_codes(kind, fmt, qb, sb, yk, block, g, exact):
+    """qb, sb: the kernel's code and scale bits of y along its last axis;
+    yk: y emulated (float32 where exact, else float64 to a few ulps)."""
+    if exact:
+        want_q, want_s = _tile_codes(fmt, yk, block, g)
+        np.testing.assert_array_equal(sb, want_s)
+        np.testing.assert_array_equal(qb, want_q)
+        return
+    delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
+    s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
+    for k in range(-3, 4):
+        cq, cs = _tile_codes(fmt, (yk + k * delta / 3).astype(np.float32), block, g)
+        same = cs == sb
+        s_ok |= same
+        q_ok |= (cq == qb) & np.repeat(same, block, axis=-1)
+    assert s_ok.all() and q_ok.all(), ((~s_ok).sum(), (~q_ok).sum())
+
+
+# (LayerNorm's float32 scales follow y's max to the ulp: only RMSNorm's y,
+# emulated exactly, can check them.)
+@pytest.mark.parametrize("kind,fmt,shape,opts", [(k, *c) for k in KINDS for c in TILE_CASES
+                                                 if not (k == "layer" and c[0] == "float")],
+                         ids=lambda v: str(v).replace(" ", ""))
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_kernel_tiles(kind, fmt, shape, opts, platform):
+    from jax_rmsnorm import _ffi
+    from jax_rmsnorm import _primitives as prim
+
+    rule, block, codes = TILE_FORMATS[fmt]
+    dtype, param = opts.get("dtype", jnp.bfloat16), opts.get("param", opts.get("dtype", jnp.bfloat16))
+    zc, no_params = opts.get("zero_centered", False), opts.get("no_params", False)
+    rows, hidden = int(np.prod(shape[:-1])), shape[-1]
+    tensors = shape[0] if len(shape) == 3 else 1
+    plan = _ffi.describe_plan("fwd", kind, (rows, hidden), np.dtype(dtype).name, param_dtype=np.dtype(param).name,
+                              quant="group", group_size=block, group_scale=rule, qt=True, tensors=tensors,
+                              zero_centered=zc, gamma=not no_params, beta=not no_params)
+    assert plan.startswith("fwd_tiles"), plan
+    key = case_key(("gpu_tiles", kind, fmt, shape, str(opts)))
+    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    # rows spread over binades, so that the columns' blocks differ
+    x = x * jnp.exp2(jnp.round(random(key + 3, shape[:-1] + (1,), jnp.float32, scale=3.0))).astype(dtype)
+    gamma, beta = _params(kind, hidden, param, key, spread=6)
+    y64, _, _ = ref_forward(kind, x, gamma, beta, EPS[kind])
+    g = np.float32(np.abs(y64).max() / (6 * 448))
+    spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule,
+                          transpose=True)
+    dev = jax.devices(platform)[0]
+    has_beta = kind == "layer" and not no_params
+
+    def one(x, gamma, beta, g):
+        q, mean, rstd, _, qs, qt, qts = prim.norm_fwd_fused(
+            x, gamma, gamma if beta is None else beta, None, g, None, kind=kind, eps=EPS[kind],
+            zero_centered_gamma=zc, has_gamma=not no_params, has_beta=has_beta, fused=spec)
+        return q, qs, qt, qts, mean, rstd
+
+    args = [jax.device_put(a, dev) for a in (x, gamma, gamma if beta is None else beta)]
+    poison(platform, 16 * x.size + 4096)
+    if tensors > 1:
+        gs = jax.device_put(jnp.full((tensors,), g, jnp.float32), dev)
+        outs = jax.jit(jax.vmap(one, in_axes=(0, None, None, 0)))(*args, gs)
+    else:
+        outs = jax.jit(one)(*args, jax.device_put(jnp.float32(g), dev))
+    q, qs, qt, qts, mean, rstd = (np.asarray(o) for o in outs)
+    assert qt.shape == shape[:-2] + (hidden, shape[-2]) and qts.shape == shape[:-2] + (hidden, shape[-2] // block)
+    bits = lambda a: a.view(np.uint32) if a.dtype == np.float32 else _bits(a)
+    rs = rstd.astype(np.float32)[..., None]
+    _, _, rstd64 = ref_forward(kind, x, gamma, beta, EPS[kind])
+    np.testing.assert_allclose(rs[..., 0], np.asarray(rstd64).reshape(rs.shape[:-1]), rtol=4e-6)
+    s = (1.0 if no_params else np.asarray(gamma, np.float32) + np.float32(zc))
+    if kind == "rms":
+        yk = (np.asarray(x, np.float32) * rs) * np.float32(s)
+    else:
+        yk = (f64(x) - mean.astype(np.float64)[..., None]) * rs * f64(s) + (f64(beta) if has_beta else 0.0)
+    exact = kind == "rms"
+    _assert_kernel_codes(kind, fmt, bits(q), bits(qs), yk, block, g, exact)
+    _assert_kernel_codes(kind, fmt, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, g, exact)
+    assert len(np.unique(bits(qt))) > 8 and len(np.unique(bits(qts))) > 2
+
+
 # NVFP4's codes at and around E2M1's rounding boundaries (0.25, 0.75, 1.25,
 # 1.75, 2.5, 3.5, 5): y / global_scale / scale lands on a boundary, 1-2 ulps
 # from it (the kernels' first try hands those to the divisions) and 15-40 ulps

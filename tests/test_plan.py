@@ -86,6 +86,10 @@ def cases(device):
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16, group_scale="nvfp4",
                                                            aligned=False)
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=128, group_scale="pow2")
+                    # with the columnwise copy: fwd_tiles, or fwd_columns after the rows
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=32, group_scale="e8m0", qt=True)
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16, group_scale="nvfp4", qt=True)
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=128, group_scale="pow2", qt=True)
                 yield "", "bwd", kind, shape, dt, dict(gamma=False, param_outputs=0)
                 yield "", "bwd", kind, shape, dt, dict(coef=True)
                 yield "", "bwd", kind, shape, dt, dict(aligned=False)

@@ -87,6 +87,7 @@ std::string describe(const FwdPlan& p) {
     case FwdKernel::kStream: name = "fwd_stream"; break;
     case FwdKernel::kTwoPass: name = "fwd_add_stats+fwd_apply"; break;
     case FwdKernel::kFp8Regs: name = "fwd_fp8_regs"; break;
+    case FwdKernel::kTiles: name = "fwd_tiles"; break;
   }
   Line l{name + (config.empty() ? "" : "[" + config + "]")};
   l.add("vec", p.key.vec);
@@ -97,7 +98,9 @@ std::string describe(const FwdPlan& p) {
   if (p.items > 0) l.add("items", p.items);
   if (p.smem > 0) l.add("smem", p.smem);
   if (p.chunks > 0) l.add("chunks", p.chunks);
+  if (p.width > 0) l.add("width", p.width);
   if (p.early_launch) l.add("early_launch", 1);
+  if (p.columns) l.add("columns", "fwd_columns");
   l.add("rule", p.rule);
   // A plan must name an instance the units compile (plan.h's *_exists).
   const bool exists = p.kernel == FwdKernel::kDecode   ? decode_exists(p.key, p.decode)

@@ -63,6 +63,10 @@ inline constexpr int kAddStatsThreads = 256;  // fwd_add_stats: one row a CTA
 inline constexpr int kApplyThreads = 256;     // fwd_apply
 inline constexpr int kApplyItems = 4;
 inline constexpr int kFp8Vec = 16;  // FP8 codes a pack in fwd_fp8_regs
+inline constexpr int kTileRows = 32;      // fwd_tiles: rows a cluster (whole groups of 16 or 32 rows)
+inline constexpr int kTileThreads = 256;  // fwd_tiles' CTA,
+inline constexpr int kTileMinCtas = 3;    // this many resident (its registers' bound)
+inline constexpr int kTileCols = 1024;    // a CTA's columns at most (twice as many past kMaxCluster CTAs)
 }  // namespace fwd
 
 namespace bwd {
@@ -194,6 +198,8 @@ enum class FwdKernel : uint8_t {
   kStream,     // fwd_stream: one CTA a row, the row read twice (the rest)
   kTwoPass,    // fwd_add_stats + fwd_apply: h and statistics, then y, for wide rows with a residual
   kFp8Regs,    // fwd_fp8_regs: FP8 x held as raw codes in registers
+  kTiles,      // fwd_tiles (sm_90+): the per-group output and its columnwise copy from one read of x, a cluster
+               // a slab of kTileRows rows held in shared memory
 };
 
 enum class RegsVariant : uint8_t {
@@ -383,6 +389,8 @@ struct FwdPlan {
   SliceVariant slice = SliceVariant::kBase;
   bool whole = false;      // fwd_slices: the row fills the threads exactly
   int64_t chunks = 0;      // two passes: fwd_apply's CTAs a row
+  int width = 0;           // fwd_tiles: a CTA's columns (the last CTA of a cluster's may be fewer)
+  bool columns = false;    // fwd_columns after the rowwise kernel: the per-group output's columnwise copy
   const char* rule = "";   // the docs/tuning.md entry that says why
 };
 
@@ -408,6 +416,8 @@ FwdProblem current_quantize_problem(const FwdProblem& p);
 // Whether quantize_tiles takes current scaling's quantizing pass; its words
 // a store of q_t (4, 2 or 1: rows a multiple of 16, 8 or 4; 0: none fits).
 int transposed_store_words(int64_t rows);
+// Whether fwd_tiles takes the per-group output with its columnwise copy.
+bool tiles_fit(const FwdProblem& p, const Device& d);
 bool quantize_tiles_fit(const FwdProblem& p);
 
 // ---- The backward.

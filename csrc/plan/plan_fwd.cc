@@ -250,9 +250,42 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
   return plan;
 }
 
-}  // namespace
+// fwd_tiles' cut of a row: `cluster` CTAs of `width` columns (whole groups;
+// the last CTA's may be fewer), at most kTileCols each, twice that where
+// more than kMaxCluster CTAs would be needed; and the dynamic shared memory
+// a CTA takes: its columns of the slab's rows in x's dtype, then the
+// effective scale (and LayerNorm's shift) as floats. cluster 0: no cut fits.
+struct TileCut {
+  int cluster = 0, width = 0;
+  int64_t smem = 0;
+};
+TileCut tile_cut(const FwdProblem& p) {
+  TileCut t;
+  int64_t most = kTileCols, cluster = ceil_div(p.hidden, most);
+  if (cluster > kMaxCluster) most *= 2, cluster = ceil_div(p.hidden, most);
+  if (cluster > kMaxCluster || p.group_size <= 0) return t;
+  const int64_t width = ceil_div(ceil_div(p.hidden, cluster), p.group_size) * p.group_size;
+  t.cluster = static_cast<int>(ceil_div(p.hidden, width));
+  t.width = static_cast<int>(width);
+  t.smem = width * (kTileRows * size_of(p.x) + (p.kind == NormKind::kLayer ? 8 : 4));
+  return t;
+}
 
-FwdPlan plan_fwd(const FwdProblem& p, const Device& d) {
+// fwd_tiles for the per-group output with its columnwise copy (fwd-tiles).
+void plan_tiles(FwdPlan& plan, const FwdProblem& p) {
+  const TileCut t = tile_cut(p);
+  plan.kernel = FwdKernel::kTiles;
+  plan.threads = kTileThreads;
+  plan.cluster = t.cluster;
+  plan.width = t.width;
+  plan.smem = t.smem;
+  plan.ctas = p.rows / kTileRows * t.cluster;
+  plan.rule = "fwd-tiles";
+}
+
+// The plan of the rows alone (the per-group output's columnwise copy, where
+// wanted, is fwd_columns' after it).
+FwdPlan plan_rows(const FwdProblem& p, const Device& d) {
   FwdPlan none;
   none.key = {p.kind, p.quant, p.x, p.param, 16 / size_of(p.x), p.fp8_x};
   if (p.rows == 0 || p.quant == Quant::kCurrent) return none;
@@ -289,6 +322,33 @@ FwdPlan plan_fwd(const FwdProblem& p, const Device& d) {
     return plan;
   }
   return plan_packs(p, d, vec_ok ? kvec : 1, false);
+}
+
+}  // namespace
+
+bool tiles_fit(const FwdProblem& p, const Device& d) {
+  if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && d.clusters() && size_of(p.x) == 2 && !p.fp8_x &&
+        !p.residual && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned && p.params_aligned &&
+        p.qt_aligned && (p.group_size == 16 || p.group_size == 32) && p.hidden % p.group_size == 0)) {
+    return false;
+  }
+  const int64_t rows_per_tensor = p.tensors <= 1 ? p.rows : p.rows / p.tensors;
+  const int64_t rows_per_group = p.rows / std::max<int64_t>(p.groups, 1);
+  const TileCut t = tile_cut(p);
+  return rows_per_tensor % kTileRows == 0 && rows_per_group % kTileRows == 0 && t.cluster > 0 &&
+         t.smem <= d.smem_optin - 1024;  // a margin for the kernel's own arrays
+}
+
+FwdPlan plan_fwd(const FwdProblem& p, const Device& d) {
+  FwdPlan plan;
+  if (tiles_fit(p, d)) {
+    plan.key = {p.kind, p.quant, p.x, p.param, 16 / size_of(p.x), false};
+    plan_tiles(plan, p);
+    return plan;
+  }
+  plan = plan_rows(p, d);
+  plan.columns = p.qt && p.quant == Quant::kGroup && p.rows > 0;
+  return plan;
 }
 
 int transposed_store_words(int64_t rows) { return rows % 16 == 0 ? 4 : rows % 8 == 0 ? 2 : rows % 4 == 0 ? 1 : 0; }

@@ -134,6 +134,16 @@ __device__ __forceinline__ void cluster_done() {
   JRN_SM90(cooperative_groups::this_cluster().sync());
 }
 
+// A cluster barrier in two halves, for a kernel with work between them:
+// arrive (releasing this thread's earlier accesses, remote reads included),
+// then wait (acquiring every CTA's). Every thread of every CTA calls both.
+__device__ __forceinline__ void cluster_arrive() {
+  JRN_SM90(asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"));
+}
+__device__ __forceinline__ void cluster_wait() {
+  JRN_SM90(asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"));
+}
+
 // The CTAs of this CTA's cluster (1 without clusters).
 __device__ __forceinline__ int cluster_ctas() {
 #ifdef JRN_NO_CLUSTERS

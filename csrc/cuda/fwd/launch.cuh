@@ -6,7 +6,8 @@
 // (rows in registers), unaligned.cuh (widths no multiple of a pack),
 // slices.cuh (persistent, bulk-copied stages; sm_90+), stream.cuh (the
 // rest), two_pass.cuh (wide rows with a residual or given statistics),
-// fp8_in.cuh (FP8 x). Current scaling's own passes are in norm_stats.cu and
+// fp8_in.cuh (FP8 x), tiles.cuh (the per-group output with its columnwise
+// copy). Current scaling's own passes are in norm_stats.cu and
 // fp8_transpose.cu.
 //
 // This header is instantiated by the forward's units (csrc/cuda/units), one
@@ -24,6 +25,7 @@
 #include "regs.cuh"
 #include "slices.cuh"
 #include "stream.cuh"
+#include "tiles.cuh"
 #include "two_pass.cuh"
 #include "unaligned.cuh"
 
@@ -169,6 +171,19 @@ ffi::Error run_slices(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan
   });
 }
 
+// ---- fwd_tiles: the per-group output with its columnwise copy (16-bit x).
+
+template <NormKind K, class T, class P>
+ffi::Error run_tiles(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan& p) {
+  if constexpr (sizeof(T) == 2) {
+    if (p.ctas > INT32_MAX) return too_many_rows();
+    return launch_clustered(fwd_tiles<K, T, P>, dim3(static_cast<unsigned>(p.ctas)), dim3(p.threads),
+                            static_cast<size_t>(p.smem), stream, p.cluster, "fwd_tiles", a, p.width, inv_hidden(a));
+  } else {
+    return no_instance("fwd_tiles");
+  }
+}
+
 // ---- The two passes: h and the rows' statistics, then y.
 
 template <NormKind K, Quant Q, class T, class P, int VEC>
@@ -304,9 +319,10 @@ ffi::Error launch_fwd(cudaStream_t stream, const FwdArgs& a) {
     case Quant::kTensor: return run_fwd<K, Quant::kTensor, T, P>(stream, a, p);
     case Quant::kRow: return run_fwd<K, Quant::kRow, T, P>(stream, a, p);
     case Quant::kGroup:
+      if (p.kernel == plan::FwdKernel::kTiles) return run_tiles<K, T, P>(stream, a, p);
       JRN_RETURN_IF_ERROR((a.group_scale == GroupScale::kFloat ? run_fwd<K, Quant::kGroup, T, P>(stream, a, p)
                                                                : run_fwd<K, Quant::kBlock, T, P>(stream, a, p)));
-      return a.qt ? launch_columns<K, T, P>(stream, a) : ffi::Error::Success();  // the columnwise copy
+      return p.columns ? launch_columns<K, T, P>(stream, a) : ffi::Error::Success();  // the columnwise copy
     case Quant::kCurrent:
     case Quant::kBlock: break;
   }
