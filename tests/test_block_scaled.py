@@ -902,7 +902,9 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     rs = rstd.astype(np.float32)[..., None]
     _, _, rstd64 = ref_forward(kind, x, gamma, beta, EPS[kind])
     np.testing.assert_allclose(rs[..., 0], np.asarray(rstd64).reshape(rs.shape[:-1]), rtol=4e-6)
-    s = (1.0 if no_params else np.asarray(gamma, np.float32) + np.float32(zc))
+    s = 1.0 if no_params else np.asarray(gamma, np.float32)
+    if zc and not no_params:
+        s = s + np.float32(1)  # (only then: a gamma of -0 stays -0)
     if kind == "rms":
         yk = (np.asarray(x, np.float32) * rs) * np.float32(s)
     else:
@@ -911,6 +913,21 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     _assert_kernel_codes(kind, fmt, bits(q), bits(qs), yk, block, g, exact)
     _assert_kernel_codes(kind, fmt, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, g, exact)
     assert len(np.unique(bits(qt))) > 8 and len(np.unique(bits(qts))) > 2
+
+
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_kernel_tiles_signed_zero_gamma(platform):
+    # fwd_tiles keeps gamma's -0 (not 1 + gamma): y = x * rstd * -0 is -0 for
+    # x > 0, coded 0x80 in q and q_t, as on the CPU
+    dev = jax.devices(platform)[0]
+    x = jax.device_put(jnp.ones((32, 1024), jnp.bfloat16), dev)
+    g = jax.device_put(jnp.ones((1024,), jnp.bfloat16).at[0].set(-0.0), dev)
+    assert jrn._ffi.describe_plan("fwd", "rms", (32, 1024), "bfloat16", quant="group", group_size=32,
+                                  group_scale="e8m0", qt=True).startswith("fwd_tiles")
+    q, _, qt, _ = jrn.rms_norm_mxfp8(x, g, transpose=True)
+    qb, qtb = _bits(q), _bits(qt)
+    assert (qb[:, 0] == 0x80).all() and (qtb[0] == 0x80).all()
+    assert (qb[:, 1] == 0x78).all()  # 1.0 in a block of max 1: 2^-8 * 256 (E4M3 0x78)
 
 
 # NVFP4's codes at and around E2M1's rounding boundaries (0.25, 0.75, 1.25,

@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
   const bool has_beta = beta != nullptr;
   for (int c = static_cast<int>(threadIdx.x); c < n_cols; c += kTileThreads) {
-    scale[c] = gamma ? to_float(gamma[c]) + (a.zero_centered ? 1.f : 0.f) : 1.f;
+    const float g = gamma ? to_float(gamma[c]) : 1.f;
+    scale[c] = gamma && a.zero_centered ? g + 1.f : g;  // (g + 0 would turn a gamma of -0 into +0)
     if (has_beta) shift[c] = to_float(beta[c]);
   }
   mbar_wait(&landed, 0);
