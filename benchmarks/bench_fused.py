@@ -55,7 +55,7 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
        "rms_fp8_group", "ln_fp8_group", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
        "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor",
-       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "rms_nvfp4_t"]
+       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "ln_mxfp8_t", "rms_nvfp4_t", "ln_nvfp4_t"]
 # Block-scaled outputs: (block size, jax.nn quantizer mode). NVFP4's global
 # scale is given (what the norm's caller would pass); bytes: codes (half a
 # byte each for NVFP4) and one scale byte per block. ``_t``: with the

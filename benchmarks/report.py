@@ -57,9 +57,11 @@ FUSED = {
     "rms_mxfp8": "RMSNorm, MXFP8 out (E8M0 scale per 32)",
     "ln_mxfp8": "LayerNorm, MXFP8 out",
     "rms_mxfp8_t": "RMSNorm, MXFP8 out + columnwise copy",
+    "ln_mxfp8_t": "LayerNorm, MXFP8 out + columnwise copy",
     "rms_nvfp4": "RMSNorm, NVFP4 out (E4M3 scale per 16)",
     "ln_nvfp4": "LayerNorm, NVFP4 out",
     "rms_nvfp4_t": "RMSNorm, NVFP4 out + columnwise copy",
+    "ln_nvfp4_t": "LayerNorm, NVFP4 out + columnwise copy",
 }
 # The README's columns: the plain norms, then the fused ops most models use.
 README_FUSED = {"add_rms": "add + RMSNorm", "rms_fp8": "RMSNorm → FP8", "rms_fp8_row": "FP8 per row",

@@ -66,6 +66,8 @@ def ops(x, g, b, dy):
         "rms_nvfp4": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL)),
         "ln_nvfp4": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(NVFP4_GLOBAL)),
         "rms_nvfp4_t": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL), transpose=True),
+        "ln_mxfp8_t": lambda: jrn.layer_norm_mxfp8(x, g, b, transpose=True),
+        "ln_nvfp4_t": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(NVFP4_GLOBAL), transpose=True),
         "add_rms": lambda: jrn.add_rms_norm(x, dy, g),  # dy stands in for the residual
         "add_ln": lambda: jrn.add_layer_norm(x, dy, g, b),
         "add_rms_h32": lambda: jrn.add_rms_norm(x, dy, g, h_dtype=jnp.float32),  # h in float32
