@@ -416,8 +416,6 @@ FwdProblem current_quantize_problem(const FwdProblem& p);
 // Whether quantize_tiles takes current scaling's quantizing pass; its words
 // a store of q_t (4, 2 or 1: rows a multiple of 16, 8 or 4; 0: none fits).
 int transposed_store_words(int64_t rows);
-// Whether fwd_tiles takes the per-group output with its columnwise copy.
-bool tiles_fit(const FwdProblem& p, const Device& d);
 bool quantize_tiles_fit(const FwdProblem& p);
 
 // ---- The backward.

@@ -324,12 +324,12 @@ FwdPlan plan_rows(const FwdProblem& p, const Device& d) {
   return plan_packs(p, d, vec_ok ? kvec : 1, false);
 }
 
-}  // namespace
-
+// Whether fwd_tiles takes the per-group output with its columnwise copy.
 bool tiles_fit(const FwdProblem& p, const Device& d) {
-  if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && d.clusters() && size_of(p.x) == 2 && !p.fp8_x &&
-        !p.residual && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned && p.params_aligned &&
-        p.qt_aligned && (p.group_size == 16 || p.group_size == 32) && p.hidden % p.group_size == 0)) {
+  if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && p.hidden > 0 && d.clusters() && size_of(p.x) == 2 &&
+        !p.fp8_x && !p.residual && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned &&
+        p.params_aligned && p.qt_aligned && (p.group_size == 16 || p.group_size == 32) &&
+        p.hidden % p.group_size == 0)) {
     return false;
   }
   const int64_t rows_per_tensor = p.tensors <= 1 ? p.rows : p.rows / p.tensors;
@@ -338,6 +338,8 @@ bool tiles_fit(const FwdProblem& p, const Device& d) {
   return rows_per_tensor % kTileRows == 0 && rows_per_group % kTileRows == 0 && t.cluster > 0 &&
          t.smem <= d.smem_optin - 1024;  // a margin for the kernel's own arrays
 }
+
+}  // namespace
 
 FwdPlan plan_fwd(const FwdProblem& p, const Device& d) {
   FwdPlan plan;
