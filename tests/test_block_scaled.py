@@ -834,7 +834,7 @@ def _tile_codes(fmt, y, block, g):
     return _codes(y, fmt, block, g)
 
 
-def _assert_kernel_codes(kind, fmt, qb, sb, yk, block, g, exact):
+def _assert_kernel_codes(fmt, qb, sb, yk, block, g, exact):
     """qb, sb: the kernel's code and scale bits of y along its last axis;
     yk: y emulated (float32 where exact, else float64 to a few ulps)."""
     if exact:
@@ -910,8 +910,8 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     else:
         yk = (f64(x) - mean.astype(np.float64)[..., None]) * rs * f64(s) + (f64(beta) if has_beta else 0.0)
     exact = kind == "rms"
-    _assert_kernel_codes(kind, fmt, bits(q), bits(qs), yk, block, g, exact)
-    _assert_kernel_codes(kind, fmt, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, g, exact)
+    _assert_kernel_codes(fmt, bits(q), bits(qs), yk, block, g, exact)
+    _assert_kernel_codes(fmt, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, g, exact)
     assert len(np.unique(bits(qt))) > 8 and len(np.unique(bits(qts))) > 2
 
 

@@ -271,9 +271,9 @@ TileCut tile_cut(const FwdProblem& p) {
   return t;
 }
 
-// fwd_tiles for the per-group output with its columnwise copy (fwd-tiles).
-void plan_tiles(FwdPlan& plan, const FwdProblem& p) {
-  const TileCut t = tile_cut(p);
+// fwd_tiles for the per-group output with its columnwise copy (fwd-tiles),
+// in cut `t` (tiles_fit's).
+void plan_tiles(FwdPlan& plan, const FwdProblem& p, const TileCut& t) {
   plan.kernel = FwdKernel::kTiles;
   plan.threads = kTileThreads;
   plan.cluster = t.cluster;
@@ -324,28 +324,30 @@ FwdPlan plan_rows(const FwdProblem& p, const Device& d) {
   return plan_packs(p, d, vec_ok ? kvec : 1, false);
 }
 
-// Whether fwd_tiles takes the per-group output with its columnwise copy.
-bool tiles_fit(const FwdProblem& p, const Device& d) {
+// fwd_tiles' cut where it takes the per-group output with its columnwise
+// copy, else a cut of no cluster.
+TileCut tiles_fit(const FwdProblem& p, const Device& d) {
   if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && p.hidden > 0 && d.clusters() && size_of(p.x) == 2 &&
         !p.fp8_x && !p.residual && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned &&
         p.params_aligned && p.qt_aligned && (p.group_size == 16 || p.group_size == 32) &&
         p.hidden % p.group_size == 0)) {
-    return false;
+    return {};
   }
   const int64_t rows_per_tensor = p.tensors <= 1 ? p.rows : p.rows / p.tensors;
   const int64_t rows_per_group = p.rows / std::max<int64_t>(p.groups, 1);
   const TileCut t = tile_cut(p);
-  return rows_per_tensor % kTileRows == 0 && rows_per_group % kTileRows == 0 && t.cluster > 0 &&
-         t.smem <= d.smem_optin - 1024;  // a margin for the kernel's own arrays
+  const bool fits = rows_per_tensor % kTileRows == 0 && rows_per_group % kTileRows == 0 && t.cluster > 0 &&
+                    t.smem <= d.smem_optin - 1024;  // a margin for the kernel's own arrays
+  return fits ? t : TileCut{};
 }
 
 }  // namespace
 
 FwdPlan plan_fwd(const FwdProblem& p, const Device& d) {
   FwdPlan plan;
-  if (tiles_fit(p, d)) {
+  if (const TileCut t = tiles_fit(p, d); t.cluster > 0) {
     plan.key = {p.kind, p.quant, p.x, p.param, 16 / size_of(p.x), false};
-    plan_tiles(plan, p);
+    plan_tiles(plan, p, t);
     return plan;
   }
   plan = plan_rows(p, d);
