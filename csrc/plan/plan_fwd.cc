@@ -253,8 +253,9 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
 // fwd_tiles' cut of a row: `cluster` CTAs of `width` columns (whole groups;
 // the last CTA's may be fewer), at most kTileCols each, twice that where
 // more than kMaxCluster CTAs would be needed; and the dynamic shared memory
-// a CTA takes: its columns of the slab's rows in x's dtype, then the
-// effective scale (and LayerNorm's shift) as floats. cluster 0: no cut fits.
+// a CTA takes: the slab's rows in x's dtype, in blocks of kTileCols columns
+// (the rows' fixed pitch), then the effective scale (and LayerNorm's shift)
+// of its columns as floats. cluster 0: no cut fits.
 struct TileCut {
   int cluster = 0, width = 0;
   int64_t smem = 0;
@@ -267,7 +268,8 @@ TileCut tile_cut(const FwdProblem& p) {
   const int64_t width = ceil_div(ceil_div(p.hidden, cluster), p.group_size) * p.group_size;
   t.cluster = static_cast<int>(ceil_div(p.hidden, width));
   t.width = static_cast<int>(width);
-  t.smem = width * (kTileRows * size_of(p.x) + (p.kind == NormKind::kLayer ? 8 : 4));
+  t.smem = ceil_div(width, kTileCols) * kTileCols * kTileRows * size_of(p.x) +
+           width * (p.kind == NormKind::kLayer ? 8 : 4);
   return t;
 }
 

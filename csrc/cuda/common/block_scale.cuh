@@ -30,7 +30,18 @@ struct GroupGlobal {
 };
 
 // kE8M0: the scale byte of a block of max |y| `gm` and the code's multiplier.
+// For gm normal from 2^-110 up, e8m0_round_up(RN(gm / fp8_max)) is read off
+// gm's bits, without the division: fp8_max is 1.75 * 2^8 (E4M3) or 1.75 *
+// 2^15 (E5M2), so the quotient's exponent is gm's less 8 or 15, one more
+// where gm's mantissa exceeds 1.75's (tools/check_e8m0_scale.py checks every
+// such float against the division). The rest take the division.
 __device__ __forceinline__ uint8_t mxfp8_scale(float gm, Fp8 fmt, GroupCode& c) {
+  const uint32_t bits = __float_as_uint(gm), exp = bits >> 23;  // gm >= 0, or NaN
+  if (exp >= 17u && exp <= 254u) {
+    const uint32_t e = exp - (fmt == Fp8::kE4M3 ? 8u : 15u) + ((bits & 0x7fffffu) > 0x600000u ? 1u : 0u);
+    c.mul = __uint_as_float((254u - e) << 23);  // 2^(127 - e), e in [2, 247]
+    return static_cast<uint8_t>(e);
+  }
   if (!(gm <= 3.402823466e38f)) {
     c.finite = false;
     return kE8M0Nan;
@@ -144,30 +155,33 @@ static __device__ __noinline__ uint32_t nvfp4_word_divided(Nvfp4Word y, float g,
 }
 
 // The NVFP4 codes of N (2, 4 or a multiple of 8) values of y, two a byte (the
-// first in the low 4 bits), at byte `dst`. All +0 where the block is not coded
-// (not finite, or scale 0); c.mul == 0 (a global scale far from 1) takes the
-// divisions. Fewer than 8 values are coded as a word padded with zeros.
+// first in the low 4 bits), at byte `dst` (aligned to N / 2 bytes: whole
+// words in one store). All +0 where the block is not coded (not finite, or
+// scale 0); c.mul == 0 (a global scale far from 1) takes the divisions. Fewer
+// than 8 values are coded as a word padded with zeros.
 template <int N>
 __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], const GroupGlobal& global,
                                             const GroupCode& c) {
   static_assert(N == 2 || N == 4 || N % 8 == 0, "store_nvfp4: 2, 4 or whole words of 8 codes");
+  constexpr int kWords = (N + 7) / 8;
   const bool coded = c.finite && c.value != 0.f;
+  uint32_t words[kWords];
 #pragma unroll
-  for (int w = 0; w < (N + 7) / 8; ++w) {
+  for (int w = 0; w < kWords; ++w) {
     Nvfp4Word yw;
 #pragma unroll
     for (int j = 0; j < 8; ++j) yw.v[j] = 8 * w + j < N ? y[8 * w + j] : 0.f;
     bool near = c.mul == 0.f;
     uint32_t word = nvfp4_word_near(yw.v, c.mul, near);
     if (near && coded) word = nvfp4_word_divided(yw, global.g, c.value);
-    if (!coded) word = 0u;
-    if constexpr (N % 8 == 0) {
-      reinterpret_cast<uint32_t*>(dst)[w] = word;
-    } else if constexpr (N == 4) {
-      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(word);
-    } else {
-      *dst = static_cast<uint8_t>(word);
-    }
+    words[w] = coded ? word : 0u;
+  }
+  if constexpr (N % 8 == 0) {
+    store_words<kWords>(dst, words);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(words[0]);
+  } else {
+    *dst = static_cast<uint8_t>(words[0]);
   }
 }
 

@@ -28,7 +28,7 @@ constexpr plan::FwdKey fwd_key() {
   return {K, plan_quant(Q), dtype_of<T>(), dtype_of<P>(), VEC, XQ};
 }
 
-// The per-group FP8 scales of fwd_regs and fwd_slices, whose groups are a
+// The per-group scales of fwd_regs, fwd_slices and fwd_tiles, whose groups are a
 // power of two of lanes (at most 32) times VEC columns: the group's first
 // lane writes its scale, found with shifts and masks rather than divisions
 // and remainders (docs/tuning.md, pow2-groups).
@@ -45,15 +45,17 @@ struct Pow2Groups {
   // docs/tuning.md, pow2-groups).
   __device__ int64_t index(int64_t e) const { return e >> shift; }
   // The abs-max of m over the group's lanes (lane_mask is uniform over the
-  // warp): the usual groups (16 lanes: 128 columns of 16-bit x; 2 lanes: 16)
-  // in straight runs of shuffles behind one branch, the others a step at a
-  // time, each behind a branch of its own.
+  // warp): the usual groups (16 lanes: 128 columns of 16-bit x; 2 or 4
+  // lanes: 16 or 32) in straight runs of shuffles behind one branch, the
+  // others a step at a time, each behind a branch of its own.
   __device__ float max_over_lanes(float m) const {
     auto step = [&](int off) { m = abs_max(m, __shfl_xor_sync(0xffffffffu, m, off)); };
     if (lane_mask == 15) {
       step(8), step(4), step(2), step(1);
     } else if (lane_mask == 1) {
       step(1);
+    } else if (lane_mask == 3) {
+      step(2), step(1);
     } else {
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {

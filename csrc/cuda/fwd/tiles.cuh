@@ -4,10 +4,15 @@
 // one bulk copy a row brings into shared memory, where they stay: the rows'
 // sums cross the cluster through distributed shared memory, and each CTA
 // then quantizes its part of the slab twice from the held x, along the rows
-// (q: a group of group_size columns takes group_size / VEC lanes, a pack
-// each) and down the columns (q_t: a thread a column, its groups of
-// group_size rows). y is formed as the rowwise kernels form it, so q and
-// q_t code the same float32 values.
+// (q: a warp a run of 32 packs, each lane a pack, its scale and shift held
+// in registers; a group takes group_size / VEC lanes) and down the columns
+// (q_t: a pair of lanes two columns, each lane half the rows, so that the
+// pair's stores fill whole 32-byte sectors). Both passes form y with
+// norm_value, so q and q_t code the same float32 values.
+//
+// The tile's rows have a fixed pitch of kTileCols columns (a CTA's columns
+// past that, in the cuts of 2 * kTileCols, in a second block of rows): the
+// loads of a row's successive rows take immediate offsets.
 #pragma once
 
 #include "../common/block_scale.cuh"
@@ -18,23 +23,35 @@ namespace jrn::cuda {
 namespace {
 using namespace ::jrn::fwd;
 
+// y of one element as scale_shift_packs forms it: (x - mean) * rstd *
+// scale, plus shift where there is one (adding a shift of 0 would turn a -0
+// into +0). RMSNorm passes mean 0 (x - 0 is x, exactly; the compiler drops it).
+__device__ __forceinline__ float norm_value(float x, float mean, float rstd, float scale, float shift,
+                                            bool has_shift) {
+  const float y = (x - mean) * rstd * scale;
+  return has_shift ? y + shift : y;
+}
+
 template <NormKind K, class T, class P>
 __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs a, int width, float inv_h) {
 #ifdef JRN_NO_CLUSTERS
   __trap();  // sm_90+ only (bulk copies, clusters): the plans send nothing older here
 #else
   constexpr int VEC = 16 / sizeof(T);
-  constexpr int S = kTileRows;
+  constexpr int S = kTileRows, W = kTileCols;
   constexpr int kWarps = kTileThreads / 32;
-  static_assert(S == 32, "fwd_tiles: a lane of the first warp copies each row");
+  static_assert(S == 32 && S % kWarps == 0, "fwd_tiles: a lane of the first warp copies each row");
   using Vec = Pack<T, VEC>;
   extern __shared__ uint4 dyn[];
-  T* const tile = reinterpret_cast<T*>(dyn);                        // [S][width]: x
-  float* const scale = reinterpret_cast<float*>(tile + S * width);  // [width]: gamma, 1 + gamma or 1
-  float* const shift = scale + width;                               // [width]: beta (LayerNorm)
+  const int blocks = (width + W - 1) / W;  // blocks of S rows of W columns
+  T* const tile = reinterpret_cast<T*>(dyn);                             // [blocks][S][W]: x
+  float* const scale = reinterpret_cast<float*>(tile + blocks * S * W);  // [width]: gamma, 1 + gamma or 1
+  float* const shift = scale + width;                                    // [width]: beta (LayerNorm)
   __shared__ alignas(8) float part[2][S][2];  // this CTA's row sums, by round (LayerNorm takes two)
   __shared__ alignas(16) float mean_of[S], rstd_of[S];
   __shared__ alignas(8) uint64_t landed;
+  // x of row r, column c (c % W + W <= the pitch: a pack or a column pair never straddles blocks).
+  auto at = [&](int r, int c) { return tile + (c / W) * (S * W) + r * W + c % W; };
 
   const int64_t H = a.shape.hidden;
   const int cluster = cluster_ctas();
@@ -42,17 +59,17 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   const int64_t row0 = static_cast<int64_t>(blockIdx.x / cluster) * S;
   const int col0 = rank * width;                                   // hidden < 2^31
   const int n_cols = min(width, static_cast<int>(H) - col0);      // whole groups, at least one (the plan's cut)
-  const int n_packs = n_cols / VEC;
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
 
-  // The slab's columns, a row a lane of the first warp.
+  // The slab's columns, a row a lane of the first warp (a copy a block).
   if (threadIdx.x == 0) mbar_init(&landed);
   __syncthreads();
   if (warp == 0) {
     if (lane == 0) mbar_expect(&landed, static_cast<unsigned>(S * n_cols * sizeof(T)));
     __syncwarp();
-    bulk_copy(tile + lane * width, static_cast<const T*>(a.x) + (row0 + lane) * H + col0,
-              static_cast<unsigned>(n_cols * sizeof(T)), &landed);
+    const T* src = static_cast<const T*>(a.x) + (row0 + lane) * H + col0;
+    for (int c = 0; c < n_cols; c += W)
+      bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed);
   }
   // The parameters of the slab's group, as floats, while x lands.
   const int64_t poff = a.shape.param_offset(row0) + col0;
@@ -66,22 +83,26 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   }
   mbar_wait(&landed, 0);
 
-  auto read = [&](int r, int p, float (&v)[VEC]) {
-    const Vec pk = reinterpret_cast<const Vec*>(tile + r * width)[p];  // one 16-byte load
-    unpack(pk, v);
+  // Row r's packs that this lane takes (lanes along the row), each as floats.
+  auto for_packs = [&](int r, auto&& f) {
+    for (int c0 = 0; c0 < n_cols; c0 += W) {
+      const T* row = at(r, c0);
+      const int n = min(W, n_cols - c0);
+      for (int c = lane * VEC; c < n; c += 32 * VEC) {
+        float v[VEC];
+        unpack<true>(*reinterpret_cast<const Vec*>(row + c), v);
+        f(v);
+      }
+    }
   };
-  // One round of the rows' sums: a warp a row at a time, lanes along its
-  // packs; add(acc, v, r) takes a pack of row r, finish(acc, r) the thread's
-  // sums. The sums of every CTA of the cluster, added in rank order (the
-  // same in every CTA), then reach thread r < S as total(sum, r).
+  // One round of the rows' sums: a warp a row at a time; add(acc, v, r)
+  // takes a pack of row r, finish(acc, r) the thread's sums. The sums of
+  // every CTA of the cluster, added in rank order (the same in every CTA),
+  // then reach thread r < S as total(sum, r).
   auto round = [&](int which, auto add, auto finish, auto total) {
     for (int r = warp; r < S; r += kWarps) {
       float acc[2] = {0.f, 0.f};
-      for (int p = lane; p < n_packs; p += 32) {
-        float v[VEC];
-        read(r, p, v);
-        add(acc, v, r);
-      }
+      for_packs(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
       finish(acc, r);
       warp_sum<2>(acc, 32);
       if (lane == 0) part[which][r][0] = acc[0], part[which][r][1] = acc[1];
@@ -112,11 +133,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
         [&](float(&acc)[2], int r) {
           acc[1] = scaled_sq_of(acc[0], [&] {
             float sum = 0.f;
-            for (int p = lane; p < n_packs; p += 32) {
-              float v[VEC];
-              read(r, p, v);
-              add_scaled_sq(sum, v);
-            }
+            for_packs(r, [&](const float(&v)[VEC]) { add_scaled_sq(sum, v); });
             return sum;
           });
         },
@@ -145,90 +162,90 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   }
   cluster_arrive();  // this CTA's remote reads are done (waited for before it exits)
 
-  // y of the pack of row r from column c (a multiple of VEC), its scale and
-  // shift read as float4s.
-  auto y_pack = [&](int r, int c, float (&v)[VEC]) {
-    read(r, c / VEC, v);
-    const float mean = K == NormKind::kLayer ? mean_of[r] : 0.f, rstd = rstd_of[r];
-#pragma unroll
-    for (int k = 0; k < VEC; k += 4) {
-      const float4 s4 = *reinterpret_cast<const float4*>(scale + c + k);
-      const float sc[4] = {s4.x, s4.y, s4.z, s4.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) v[k + j] = (K == NormKind::kLayer ? v[k + j] - mean : v[k + j]) * rstd * sc[j];
-      if (K == NormKind::kLayer && has_beta) {
-        const float4 b4 = *reinterpret_cast<const float4*>(shift + c + k);
-        const float b[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[k + j] += b[j];
-      }
-    }
-  };
   const int G = static_cast<int>(a.group_size);  // 16 or 32 (the plan)
-  const int g_shift = __ffs(G) - 1;
+  const Pow2Groups groups(G, VEC);
   const GroupGlobal global = group_global(a, row0);  // the slab lies in one tensor
+  auto mean = [&](int r) { return K == NormKind::kLayer ? mean_of[r] : 0.f; };
 
-  // Along the rows: item i of the slab's S * n_packs packs is row i / n_packs,
-  // pack i % n_packs; a group's G / VEC lanes are consecutive items of one
-  // row (n_packs and the CTA a multiple of them). Every lane runs every step
-  // (the shuffles), past the items too.
+  // Along the rows: a warp takes runs of 32 packs (lane l the l-th), rows
+  // warp, warp + kWarps, ...; a group's G / VEC lanes are adjacent. Lanes
+  // past the columns run on the run's first pack (the shuffles) and store
+  // nothing; a group's lanes are all past or none (whole groups).
   {
     void* const scales = group_scales(a);
-    const int lanes = G / VEC;  // 2 or 4
-    const int items = S * n_packs;
-    int r = static_cast<int>(threadIdx.x) / n_packs, p = static_cast<int>(threadIdx.x) % n_packs;
-    const int r_step = kTileThreads / n_packs, p_step = kTileThreads % n_packs;
-    const bool leader = (lane & (lanes - 1)) == 0;
-    for (int i = static_cast<int>(threadIdx.x); i - static_cast<int>(threadIdx.x) < items; i += kTileThreads) {
-      const bool valid = i < items;
-      float y[VEC];
-      y_pack(valid ? r : 0, p * VEC, y);
-      float gm = 0.f;
+    for (int c0 = 0; c0 < n_cols; c0 += 32 * VEC) {
+      const bool valid = c0 + lane * VEC < n_cols;
+      const int c = valid ? c0 + lane * VEC : c0;
+      float sc[VEC], sh[VEC] = {};
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) gm = max_abs(gm, y[j]);
-      gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, 1));
-      if (lanes == 4) gm = abs_max(gm, __shfl_xor_sync(0xffffffffu, gm, 2));
-      const int64_t e = (row0 + r) * H + col0 + p * VEC;  // q's element
-      const GroupCode code = group_scale(a, scales, e >> g_shift, gm, global, valid && leader);
-      if (valid) store_group<VEC>(a, e, y, global, code);
-      r += r_step, p += p_step;
-      if (p >= n_packs) p -= n_packs, ++r;
+      for (int j = 0; j < VEC; j += 4) {
+        *reinterpret_cast<float4*>(sc + j) = *reinterpret_cast<const float4*>(scale + c + j);
+        if (has_beta) *reinterpret_cast<float4*>(sh + j) = *reinterpret_cast<const float4*>(shift + c + j);
+      }
+      const T* src = at(warp, c);
+      int64_t e = (row0 + warp) * H + col0 + c;  // q's element
+#pragma unroll
+      for (int i = 0; i < S / kWarps; ++i, e += kWarps * H) {
+        const int r = warp + i * kWarps;
+        float y[VEC];
+        unpack<true>(*reinterpret_cast<const Vec*>(src + i * kWarps * W), y);
+        float gm = 0.f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          y[j] = norm_value(y[j], mean(r), rstd_of[r], sc[j], sh[j], has_beta);
+          gm = max_abs(gm, y[j]);
+        }
+        gm = groups.max_over_lanes(gm);
+        const GroupCode code = group_scale(a, scales, groups.index(e), gm, global, valid && groups.leader());
+        if (valid) store_group<VEC>(a, e, y, global, code);
+      }
     }
   }
 
-  // Down the columns: a thread a column, its groups of G rows. q_t is
-  // (tensors, hidden, rows per tensor), its scales (tensors, hidden, rows per
-  // tensor / G): element e's scale is e / G.
-  const int64_t R = a.rows_per_tensor(), t = a.tensor_of(row0);
-  const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
-  auto column = [&]<int N>(std::integral_constant<int, N>, int c, int r0) {
-    const float sc = scale[c], sh = K == NormKind::kLayer && has_beta ? shift[c] : 0.f;
-    float y[N];
+  // Down the columns: lanes 2i and 2i + 1 take columns c and c + 1, rows 0-15
+  // and 16-31 each, read as words of two x. q_t is (tensors, hidden, rows
+  // per tensor), its scales (tensors, hidden, rows per tensor / G): element
+  // e's scale is e / G. A pair's 16 codes a column and lane fill a 32-byte
+  // sector (FP8) or half of one (NVFP4). Groups of 32 rows span the pair
+  // (their max crosses it; each lane then stores one column's scale), groups
+  // of 16 are a lane's.
+  {
+    constexpr int kHalf = S / 2;
+    const int h = lane & 1;
+    const int64_t R = a.rows_per_tensor(), t = a.tensor_of(row0);
+    const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
+    const int c_first = 2 * static_cast<int>(threadIdx.x / 2);
+    int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
+    for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
+      const T* src = at(h * kHalf, c);
+      const float2 sc = *reinterpret_cast<const float2*>(scale + c);
+      const float2 sh = has_beta ? *reinterpret_cast<const float2*>(shift + c) : float2{};
+      float y0[kHalf], y1[kHalf];
 #pragma unroll
-    for (int j = 0; j < N; j += 4) {
-      const float4 rs4 = *reinterpret_cast<const float4*>(rstd_of + r0 + j);
-      const float4 ms4 = K == NormKind::kLayer ? *reinterpret_cast<const float4*>(mean_of + r0 + j) : float4{};
-      const float rs[4] = {rs4.x, rs4.y, rs4.z, rs4.w}, ms[4] = {ms4.x, ms4.y, ms4.z, ms4.w};
+      for (int j = 0; j < kHalf; j += 4) {
+        const float4 rs = *reinterpret_cast<const float4*>(rstd_of + h * kHalf + j);
+        const float4 ms = K == NormKind::kLayer ? *reinterpret_cast<const float4*>(mean_of + h * kHalf + j) : float4{};
+        const float rsk[4] = {rs.x, rs.y, rs.z, rs.w}, msk[4] = {ms.x, ms.y, ms.z, ms.w};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float v = to_float(tile[(r0 + j + k) * width + c]);
-        y[j + k] = (K == NormKind::kLayer ? v - ms[k] : v) * rs[k] * sc;  // as y_pack
-        if (K == NormKind::kLayer && has_beta) y[j + k] += sh;
+        for (int k = 0; k < 4; ++k) {
+          float lo, hi;
+          widen2<T>(*reinterpret_cast<const uint32_t*>(src + (j + k) * W), lo, hi);
+          y0[j + k] = norm_value(lo, msk[k], rsk[k], sc.x, sh.x, has_beta);
+          y1[j + k] = norm_value(hi, msk[k], rsk[k], sc.y, sh.y, has_beta);
+        }
       }
-    }
-    float gm = 0.f;
+      float g0 = 0.f, g1 = 0.f;
 #pragma unroll
-    for (int j = 0; j < N; ++j) gm = max_abs(gm, y[j]);
-    const int64_t e = first + c * R + r0;
-    const GroupCode code = group_scale(a, a.qt_scales, e >> g_shift, gm, global);
-    store_codes<N>(a, a.qt, e, y, global, code);
-  };
-  for (int c = static_cast<int>(threadIdx.x); c < n_cols; c += kTileThreads) {
-    if (G == 32) {
-      column(std::integral_constant<int, 32>{}, c, 0);
-    } else {
-      column(std::integral_constant<int, 16>{}, c, 0);
-      column(std::integral_constant<int, 16>{}, c, 16);
+      for (int j = 0; j < kHalf; ++j) g0 = max_abs(g0, y0[j]), g1 = max_abs(g1, y1[j]);
+      if (G == S) {  // (n_cols a multiple of 32: every lane of the warp is here)
+        g0 = abs_max(g0, __shfl_xor_sync(0xffffffffu, g0, 1));
+        g1 = abs_max(g1, __shfl_xor_sync(0xffffffffu, g1, 1));
+      }
+      const int64_t e1 = e0 + R;  // and of column c + 1
+      const GroupCode k0 = group_scale(a, a.qt_scales, groups.index(e0), g0, global, G != S || h == 0);
+      store_codes<kHalf>(a, a.qt, e0, y0, global, k0);
+      const GroupCode k1 = group_scale(a, a.qt_scales, groups.index(e1), g1, global, G != S || h == 1);
+      store_codes<kHalf>(a, a.qt, e1, y1, global, k1);
     }
   }
   cluster_wait();
