@@ -27,9 +27,12 @@ import jax_rmsnorm as jrn
 # 9x1000, 128x2048, 96x16384 (16 rows of threads a column CTA) and
 # 128x16384 (CTAs of 512 threads, four packs a thread) take it with its
 # column CTAs, which sum dgamma/dbeta through shared memory; 1x8192 and
-# 8x16384 split each row across a cluster of 8 CTAs.
+# 8x16384 split each row across a cluster of 8 CTAs. The block-scaled
+# outputs' columnwise copies take fwd_tiles at 128x2048 (clusters of two
+# CTAs), 96x16384 (of sixteen) and 64x20480 (ten CTAs of 2048 columns, each
+# holding two blocks of rows).
 SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097),
-          (203, 136), (1, 2048), (128, 2048), (96, 16384), (128, 16384), (1, 8192), (8, 16384)]
+          (203, 136), (1, 2048), (128, 2048), (96, 16384), (128, 16384), (1, 8192), (8, 16384), (64, 20480)]
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma

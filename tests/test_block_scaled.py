@@ -646,6 +646,33 @@ def _codes(y, fmt, block, g):
     return _bits(q), _bits(s)
 
 
+def _assert_kernel_codes(codes, qb, sb, yk, block, exact, delta=None):
+    """qb, sb: a kernel's code and scale bits of y along its last axis, to
+    match codes(y) -> (code bits, scale bits) of the reference quantizer.
+    yk: y emulated, float32 where exact (bit for bit), else float64 known to
+    a few float32 ulps (LayerNorm: centred in two steps, beta's add maybe
+    contracted): each scale and code must be that of some y within `delta`
+    (default: a few ulps of the largest |y|) and all but 1% those of the
+    nearest float32."""
+    if exact:
+        want_q, want_s = codes(yk)
+        np.testing.assert_array_equal(sb, want_s)
+        np.testing.assert_array_equal(qb, want_q)
+        return
+    if delta is None:
+        delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
+    cands = [codes((yk + k * delta / 3).astype(np.float32)) for k in range(-3, 4)]
+    s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
+    for cq, cs in cands:
+        same = cs == sb
+        s_ok |= same
+        q_ok |= (cq == qb) & np.repeat(same, block, axis=-1)  # (float4 codes are read back one a byte)
+    assert s_ok.all(), f"{(~s_ok).sum()} scales are no y's within a few ulps"
+    assert q_ok.all(), f"{(~q_ok).sum()} codes are no y's within a few ulps"
+    near_q, near_s = cands[3]
+    assert (near_s != sb).mean() < 0.01 and (near_q != qb).mean() < 0.01
+
+
 GPU_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "pow2": ("pow2", 128, E4M3)}
 
 
@@ -707,18 +734,7 @@ def test_kernel_codes(kind, dtype, fmt, shape, platform):
         m = np.asarray(mean, np.float64)[..., None]
         yk = (f64(x) - m) * rs * f64(gamma) + f64(beta)
         delta = 4e-7 * np.abs(yk).max(-1, keepdims=True) + 2.0 ** -22 * np.abs(yk)
-        cands = [_codes((yk + k * delta / 3).astype(np.float32), fmt, block, g) for k in range(-3, 4)]
-        nb = block  # codes a block (the float4 codes read back one a byte)
-        s_ok = np.zeros(sb.shape, bool)
-        q_ok = np.zeros(qb.shape, bool)
-        for cq, cs in cands:
-            same = cs == sb
-            s_ok |= same
-            q_ok |= (cq == qb) & np.repeat(same, nb, axis=-1)
-        assert s_ok.all(), f"{(~s_ok).sum()} scales are no y's within a few ulps"
-        assert q_ok.all(), f"{(~q_ok).sum()} codes are no y's within a few ulps"
-        near_q, near_s = cands[3]
-        assert (near_s != sb).mean() < 0.01 and (near_q != qb).mean() < 0.01
+        _assert_kernel_codes(lambda y: _codes(y, fmt, block, g), qb, sb, yk, block, exact=False, delta=delta)
     assert len(np.unique(qb)) > 8
 
 
@@ -781,21 +797,10 @@ def test_kernel_columnwise(kind, fmt, platform):
     rs = np.asarray(rstd, np.float32)[..., None]
     if kind == "rms":
         yk = (np.asarray(x, np.float32) * rs) * np.asarray(gamma, np.float32)
-        want_q, want_s = _codes(np.swapaxes(yk, -1, -2), fmt, block, g)
-        np.testing.assert_array_equal(sb, want_s)
-        np.testing.assert_array_equal(qb, want_q)
     else:
         yk = (f64(x) - np.asarray(mean, np.float64)[..., None]) * rs * f64(gamma) + f64(beta)
-        delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
-        cands = [_codes(np.swapaxes(yk + k * delta / 3, -1, -2).astype(np.float32), fmt, block, g)
-                 for k in range(-3, 4)]
-        nb = block
-        s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
-        for cq, cs in cands:
-            same = cs == sb
-            s_ok |= same
-            q_ok |= (cq == qb) & np.repeat(same, nb, axis=-1)
-        assert s_ok.all() and q_ok.all(), ((~s_ok).sum(), (~q_ok).sum())
+    _assert_kernel_codes(lambda y: _codes(y, fmt, block, g), qb, sb, np.swapaxes(yk, -1, -2), block,
+                         exact=kind == "rms")
     assert len(np.unique(qb)) > 8
     # the public function's copy on the GPU is the same kernel's
     pub = jax.vmap(lambda x, g_: (_mxfp8(kind, x, *args[1:], transpose=True) if fmt == "mxfp8" else
@@ -832,24 +837,6 @@ def _tile_codes(fmt, y, block, g):
         q, s = _group_reference(y, E5M2, block, True)
         return _bits(q), s.view(np.uint32)
     return _codes(y, fmt, block, g)
-
-
-def _assert_kernel_codes(fmt, qb, sb, yk, block, g, exact):
-    """qb, sb: the kernel's code and scale bits of y along its last axis;
-    yk: y emulated (float32 where exact, else float64 to a few ulps)."""
-    if exact:
-        want_q, want_s = _tile_codes(fmt, yk, block, g)
-        np.testing.assert_array_equal(sb, want_s)
-        np.testing.assert_array_equal(qb, want_q)
-        return
-    delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
-    s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
-    for k in range(-3, 4):
-        cq, cs = _tile_codes(fmt, (yk + k * delta / 3).astype(np.float32), block, g)
-        same = cs == sb
-        s_ok |= same
-        q_ok |= (cq == qb) & np.repeat(same, block, axis=-1)
-    assert s_ok.all() and q_ok.all(), ((~s_ok).sum(), (~q_ok).sum())
 
 
 # (LayerNorm's float32 scales follow y's max to the ulp: only RMSNorm's y,
@@ -910,8 +897,9 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     else:
         yk = (f64(x) - mean.astype(np.float64)[..., None]) * rs * f64(s) + (f64(beta) if has_beta else 0.0)
     exact = kind == "rms"
-    _assert_kernel_codes(fmt, bits(q), bits(qs), yk, block, g, exact)
-    _assert_kernel_codes(fmt, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, g, exact)
+    codes = lambda y: _tile_codes(fmt, y, block, g)
+    _assert_kernel_codes(codes, bits(q), bits(qs), yk, block, exact)
+    _assert_kernel_codes(codes, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, exact)
     assert len(np.unique(bits(qt))) > 8 and len(np.unique(bits(qts))) > 2
 
 
