@@ -66,7 +66,7 @@ inline constexpr int kFp8Vec = 16;  // FP8 codes a pack in fwd_fp8_regs
 inline constexpr int kTileRows = 32;      // fwd_tiles: rows a cluster (whole groups of 16 or 32 rows)
 inline constexpr int kTileThreads = 256;  // fwd_tiles' CTA,
 inline constexpr int kTileMinCtas = 3;    // this many resident (its registers' bound)
-inline constexpr int kTileCols = 1024;    // a CTA's columns at most (twice as many past kMaxCluster CTAs)
+inline constexpr int kTileCols = 1024;    // a CTA's columns at most (twice as many past kMaxCluster CTAs), its rows' pitch
 }  // namespace fwd
 
 namespace bwd {
