@@ -161,3 +161,27 @@ def test_layer_norm_grad_far_from_zero(platform, shape, params):
     want = ref_backward("layer", dy, x64, gamma, eps=1e-5)
     for got, ref, what in zip(grads, want, ("dx", "dgamma", "dbeta")):
         assert_close(got, ref, jnp.float32, what, scale=max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", _shapes(SHAPES))
+def test_signed_zero_gamma(platform, shape, dtype, kind):
+    """A gamma of -0 gives y = x_hat * -0, a zero of the opposite sign to
+    x_hat as in jnp (the kernels add zero_centered's 1 only where it is
+    asked for: adding +0 would turn -0 into +0)."""
+    _skip_large_on_cpu(platform, shape)
+    rows, hidden = shape
+    x = random(case_key((shape, "signed zero")), shape, dtype)
+    gamma = jnp.ones((hidden,), dtype).at[::7].set(-0.0)
+    fn = jrn.rms_norm if kind == "rms" else jrn.layer_norm
+    y = np.asarray(jnp.asarray(fn(*put(platform, x, gamma)), jnp.float32))
+    xs = f64(x)
+    centred = xs if kind == "rms" else xs - xs.mean(axis=-1, keepdims=True)
+    cols = np.arange(0, hidden, 7)
+    clear = np.abs(centred[:, cols]) > 1e-3  # x_hat's sign certain in float32
+    assert clear.mean() > 0.9
+    zeros = y[:, cols]
+    assert (zeros == 0).all(), "y is not zero where gamma is -0"
+    assert (np.signbit(zeros) == (centred[:, cols] > 0))[clear].all(), "y's zero has the wrong sign"
+    assert np.isfinite(y).all() and (y[:, 1] != 0).any()

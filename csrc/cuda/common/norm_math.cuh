@@ -159,7 +159,7 @@ __device__ __forceinline__ void scale_shift_packs(float (&v)[N], float mean, flo
   if (has_gamma) {
     unpack(gamma, s);
 #pragma unroll
-    for (int i = 0; i < N; ++i) s[i] += zero_centered ? 1.f : 0.f;
+    for (int i = 0; i < N; ++i) s[i] += zero_centered ? 1.f : -0.f;  // (+0 would turn a gamma of -0 into +0)
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) s[i] = 1.f;
