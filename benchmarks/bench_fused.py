@@ -55,11 +55,13 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
        "rms_fp8_group", "ln_fp8_group", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
        "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor",
-       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "ln_mxfp8_t", "rms_nvfp4_t", "ln_nvfp4_t"]
+       "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "ln_mxfp8_t", "rms_nvfp4_t", "ln_nvfp4_t",
+       "add_rms_mxfp8_t"]
 # Block-scaled outputs: (block size, jax.nn quantizer mode). NVFP4's global
 # scale is given (what the norm's caller would pass); bytes: codes (half a
 # byte each for NVFP4) and one scale byte per block. ``_t``: with the
-# columnwise copy (transpose=True), q_t and its scales counted once more.
+# columnwise copy (transpose=True), q_t and its scales counted once more;
+# ``add_``: with the residual add (r read, h written).
 BLOCK = {"mxfp8": 32, "nvfp4": 16}
 NVFP4_GLOBAL = 1.0 / (6 * 448)
 
@@ -130,6 +132,11 @@ def hidden_slice_call(kind, mode, fmt, group, scale, g, b):
     return call
 
 
+def block_of(op):
+    """The block-scaled format an op emits ("mxfp8", "nvfp4"), else None."""
+    return next((b for b in BLOCK if f"_{b}" in op), None)
+
+
 def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
     """(ours, jnp composition, plain norm, kind, uses residual, fp8 mode or None, backward)."""
     kind = "layer" if "ln" in op else "rms"
@@ -139,21 +146,25 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         mode = "current" if "_current" in op else ("row" if op.endswith("_row") else (
             "group" if op.endswith("_group") else "tensor"))
     plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
-    block = op.split("_")[1]
-    if block in BLOCK:  # x -> (codes, scales), against the norm then jax.nn's quantizer
+    block = block_of(op)
+    if block:  # x (and r) -> (codes, scales) (h), against the norm then jax.nn's quantizer
         kw = dict(out_dtype=FP8[fmt]) if block == "mxfp8" else dict(global_scale=NVFP4_GLOBAL)
         fn = {("rms", "mxfp8"): jrn.rms_norm_mxfp8, ("layer", "mxfp8"): jrn.layer_norm_mxfp8,
               ("rms", "nvfp4"): jrn.rms_norm_nvfp4, ("layer", "nvfp4"): jrn.layer_norm_nvfp4}[kind, block]
         if op.endswith("_t"):
             kw["transpose"] = True
-        ours = jax.jit(lambda x: fn(x, g, **kw) if kind == "rms" else fn(x, g, b, **kw))
+        ours = lambda x, r: fn(x, g, residual=r, **kw) if kind == "rms" else fn(x, g, b, residual=r, **kw)
 
-        def comp(x):
-            y = jnp_norm32(kind, x, g, b)
-            out = block_quantize(y, block, fmt)
+        def comp(x, r):
+            h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype) if residual else x
+            y = jnp_norm32(kind, h, g, b)
+            out = (*block_quantize(y, block, fmt), *((h,) if residual else ()))
             return (*out, *block_quantize(y.T, block, fmt)) if op.endswith("_t") else out
 
-        return ours, jax.jit(comp), plain, kind, False, block, False
+        if residual:
+            return jax.jit(ours), jax.jit(comp), plain, kind, True, block, False
+        return (jax.jit(lambda x: ours(x, None)), jax.jit(lambda x: comp(x, None)), plain, kind, False, block,
+                False)
     if op.startswith("fp8in"):  # (q, x_scale) -> y in g's dtype
         gs = None if op.endswith("_tensor") else group
         norm = jrn.rms_norm if kind == "rms" else partial(jrn.layer_norm, beta=b)
@@ -232,7 +243,7 @@ def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
     out = m * h * (1 if mode else s)
     if mode in BLOCK:  # codes and one byte of scale a block (twice with the columnwise copy)
         out = m * h * (1 if mode == "mxfp8" else 0.5) + m * (h // BLOCK[mode])
-        return m * h * s + out * (2 if op.endswith("_t") else 1) + params
+        return m * h * s * (3 if residual else 1) + out * (2 if op.endswith("_t") else 1) + params
     qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
     out *= 2 if op.endswith("_current_t") else 1  # q and q_t
     return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
@@ -301,8 +312,7 @@ def main():
             plain_t = {}  # the plain norm's time, once a kind
             for op in args.ops:
                 if ((op.endswith("_group") or op.startswith("fp8in")) and h % args.group) or (
-                        op.split("_")[1] in BLOCK and (h % BLOCK[op.split("_")[1]] or (
-                            op.endswith("_t") and m % BLOCK[op.split("_")[1]]))):
+                        block_of(op) and (h % BLOCK[block_of(op)] or (op.endswith("_t") and m % BLOCK[block_of(op)]))):
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
                                                                       jnp.float32(100.0), not args.fwdbwd_drop_h,

@@ -824,7 +824,9 @@ TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64,
               ("pow2", (64, 384), {}), ("mxfp8", (96, 2880), {}), ("nvfp4", (96, 2880), {"param": jnp.float32}),
               ("mxfp8", (64, 4096), {"dtype": jnp.float16}), ("nvfp4", (64, 4096), {"zero_centered": True}),
               ("mxfp8", (32, 20480), {}), ("nvfp4", (32, 20480), {"no_params": True}),
-              ("mxfp8", (2, 32, 1024), {}), ("nvfp4", (2, 64, 512), {})]
+              ("mxfp8", (2, 32, 1024), {}), ("nvfp4", (2, 64, 512), {}),
+              ("mxfp8", (64, 4096), {"residual": True}), ("nvfp4", (96, 2880), {"residual": True}),
+              ("pow2", (32, 20480), {"residual": True})]
 
 
 def _tile_codes(fmt, y, block, g):
@@ -851,38 +853,44 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     rule, block, codes = TILE_FORMATS[fmt]
     dtype, param = opts.get("dtype", jnp.bfloat16), opts.get("param", opts.get("dtype", jnp.bfloat16))
     zc, no_params = opts.get("zero_centered", False), opts.get("no_params", False)
+    residual = opts.get("residual", False)
     rows, hidden = int(np.prod(shape[:-1])), shape[-1]
     tensors = shape[0] if len(shape) == 3 else 1
     plan = _ffi.describe_plan("fwd", kind, (rows, hidden), np.dtype(dtype).name, param_dtype=np.dtype(param).name,
                               quant="group", group_size=block, group_scale=rule, qt=True, tensors=tensors,
-                              zero_centered=zc, gamma=not no_params, beta=not no_params)
+                              zero_centered=zc, gamma=not no_params, beta=not no_params, residual=residual)
     assert plan.startswith("fwd_tiles"), plan
     key = case_key(("gpu_tiles", kind, fmt, shape, str(opts)))
     x = random(key, shape, dtype, scale=2.0, offset=0.3)
     # rows spread over binades, so that the columns' blocks differ
     x = x * jnp.exp2(jnp.round(random(key + 3, shape[:-1] + (1,), jnp.float32, scale=3.0))).astype(dtype)
+    r = random(key + 4, shape, dtype) if residual else None
+    xn = ref_add(x, r, dtype) if residual else x  # what is normalized: h
     gamma, beta = _params(kind, hidden, param, key, spread=6)
-    y64, _, rstd64 = ref_forward(kind, x, gamma, beta, EPS[kind])
+    y64, _, rstd64 = ref_forward(kind, xn, gamma, beta, EPS[kind])
     g = np.float32(np.abs(y64).max() / (6 * 448))
     spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule,
-                          transpose=True)
+                          transpose=True, residual=residual, h_dtype=np.dtype(dtype) if residual else None)
     dev = jax.devices(platform)[0]
     has_beta = kind == "layer" and not no_params
 
-    def one(x, gamma, beta, g):
-        q, mean, rstd, _, qs, qt, qts = prim.norm_fwd_fused(
-            x, gamma, gamma if beta is None else beta, None, g, None, kind=kind, eps=EPS[kind],
+    def one(x, r, gamma, beta, g):
+        q, mean, rstd, h, qs, qt, qts = prim.norm_fwd_fused(
+            x, gamma, gamma if beta is None else beta, r, g, None, kind=kind, eps=EPS[kind],
             zero_centered_gamma=zc, has_gamma=not no_params, has_beta=has_beta, fused=spec)
-        return q, qs, qt, qts, mean, rstd
+        return q, qs, qt, qts, mean, rstd, h
 
-    args = [jax.device_put(a, dev) for a in (x, gamma, gamma if beta is None else beta)]
+    args = [None if a is None else jax.device_put(a, dev) for a in (x, r, gamma, gamma if beta is None else beta)]
     poison(platform, 16 * x.size + 4096)
     if tensors > 1:
         gs = jax.device_put(jnp.full((tensors,), g, jnp.float32), dev)
-        outs = jax.jit(jax.vmap(one, in_axes=(0, None, None, 0)))(*args, gs)
+        outs = jax.jit(jax.vmap(one, in_axes=(0, 0 if residual else None, None, None, 0)))(*args, gs)
     else:
         outs = jax.jit(one)(*args, jax.device_put(jnp.float32(g), dev))
-    q, qs, qt, qts, mean, rstd = (np.asarray(o) for o in outs)
+    q, qs, qt, qts, mean, rstd = (np.asarray(o) for o in outs[:6])
+    if residual:
+        np.testing.assert_array_equal(np.asarray(outs[6]), np.asarray(xn))
+    x = xn
     assert qt.shape == shape[:-2] + (hidden, shape[-2]) and qts.shape == shape[:-2] + (hidden, shape[-2] // block)
     bits = lambda a: a.view(np.uint32) if a.dtype == np.float32 else _bits(a)
     rs = rstd.astype(np.float32)[..., None]

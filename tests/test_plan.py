@@ -90,6 +90,11 @@ def cases(device):
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=32, group_scale="e8m0", qt=True)
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=16, group_scale="nvfp4", qt=True)
                     yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=128, group_scale="pow2", qt=True)
+                    # and the residual add: fwd_tiles for x's dtype, not for float32 h
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=32, group_scale="e8m0", qt=True,
+                                                           residual=True)
+                    yield "", "fwd", kind, shape, dt, dict(quant="group", group_size=32, group_scale="e8m0", qt=True,
+                                                           residual=True, residual_f32=True, h_f32=True)
                 yield "", "bwd", kind, shape, dt, dict(gamma=False, param_outputs=0)
                 yield "", "bwd", kind, shape, dt, dict(coef=True)
                 yield "", "bwd", kind, shape, dt, dict(aligned=False)

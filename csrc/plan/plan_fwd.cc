@@ -330,7 +330,7 @@ FwdPlan plan_rows(const FwdProblem& p, const Device& d) {
 // copy, else a cut of no cluster.
 TileCut tiles_fit(const FwdProblem& p, const Device& d) {
   if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && p.hidden > 0 && d.clusters() && size_of(p.x) == 2 &&
-        !p.fp8_x && !p.residual && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned &&
+        !p.fp8_x && (!p.residual || (p.residual_aligned && !p.residual_f32 && !p.h_f32)) && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned &&
         p.params_aligned && p.qt_aligned && (p.group_size == 16 || p.group_size == 32) &&
         p.hidden % p.group_size == 0)) {
     return {};

@@ -70,6 +70,9 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     const T* src = static_cast<const T*>(a.x) + (row0 + lane) * H + col0;
     for (int c = 0; c < n_cols; c += W)
       bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed);
+    if (a.residual)
+      bulk_prefetch_l2(static_cast<const T*>(a.residual) + (row0 + lane) * H + col0,
+                       static_cast<unsigned>(n_cols * sizeof(T)));
   }
   // The parameters of the slab's group, as floats, while x lands.
   const int64_t poff = a.shape.param_offset(row0) + col0;
@@ -82,6 +85,42 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     if (has_beta) shift[c] = to_float(beta[c]);
   }
   mbar_wait(&landed, 0);
+
+  // With a residual: h = x + residual, rounded to T, stored to a.h and in
+  // place of x in the tile, so that everything below reads h. A warp takes
+  // the rows that it takes in the sums' first round, each lane the packs it
+  // takes there (no barrier between); a lane's loads of a block of a row are
+  // in flight together (their rows were prefetched into L2 with x's copies).
+  if (a.residual) {
+    constexpr int kPacks = W / (32 * VEC);
+    const T* res = static_cast<const T*>(a.residual) + row0 * H + col0;
+    T* h = static_cast<T*>(a.h) + row0 * H + col0;
+    for (int r = warp; r < S; r += kWarps) {
+      for (int c0 = 0; c0 < n_cols; c0 += W) {
+        const int n = min(W, n_cols - c0);
+        Vec rv[kPacks];
+#pragma unroll
+        for (int k = 0; k < kPacks; ++k) {
+          const int c = c0 + lane * VEC + k * 32 * VEC;
+          if (c - c0 < n) load_raw(res + r * H + c, rv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < kPacks; ++k) {
+          const int c = c0 + lane * VEC + k * 32 * VEC;
+          if (c - c0 >= n) continue;
+          float v[VEC], w[VEC];
+          unpack<true>(*reinterpret_cast<const Vec*>(at(r, c)), v);
+          unpack<true>(rv[k], w);
+          uint32_t words[VEC / 2];
+#pragma unroll
+          for (int j = 0; j < VEC / 2; ++j) words[j] = pack2<T>(v[2 * j] + w[2 * j], v[2 * j + 1] + w[2 * j + 1]);
+          static_assert(VEC == 8, "fwd_tiles: 16-bit x, a pack of four words");
+          *reinterpret_cast<uint4*>(at(r, c)) = make_uint4(words[0], words[1], words[2], words[3]);
+          store_words(h + r * H + c, words);
+        }
+      }
+    }
+  }
 
   // Row r's packs that this lane takes (lanes along the row), each as floats.
   auto for_packs = [&](int r, auto&& f) {
