@@ -62,6 +62,7 @@ FUSED = {
     "ln_nvfp4": "LayerNorm, NVFP4 out",
     "rms_nvfp4_t": "RMSNorm, NVFP4 out + columnwise copy",
     "ln_nvfp4_t": "LayerNorm, NVFP4 out + columnwise copy",
+    "add_rms_mxfp8_t": "add + RMSNorm, MXFP8 out + columnwise copy",
 }
 # The README's columns: the plain norms, then the fused ops most models use.
 README_FUSED = {"add_rms": "add + RMSNorm", "rms_fp8": "RMSNorm → FP8", "rms_fp8_row": "FP8 per row",
@@ -256,8 +257,7 @@ Commands (on the GPU machine, from the repository root; each appends to `results
 JAX_RMSNORM_CUDA_ARCHITECTURES=90 pip install --no-build-isolation -e .
 python benchmarks/bench_norm.py                                 # plain norms, bf16, default widths
 python benchmarks/bench_fused.py                                # fused ops, bf16
-python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384   # other dtypes: also --dtype float16,
-python benchmarks/bench_norm.py --param-dtype float32 --hidden 4096 16384   # ... and --zero-centered
+python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384   # also float16, --param-dtype, --zero-centered
 python benchmarks/report.py                                     # this file, the README's tables, the plots
 ```
 """
