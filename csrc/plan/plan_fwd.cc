@@ -329,10 +329,10 @@ FwdPlan plan_rows(const FwdProblem& p, const Device& d) {
 // fwd_tiles' cut where it takes the per-group output with its columnwise
 // copy, else a cut of no cluster.
 TileCut tiles_fit(const FwdProblem& p, const Device& d) {
+  const bool residual_ok = !p.residual || (p.residual_aligned && !p.residual_f32 && !p.h_f32);  // h in x's dtype
   if (!(p.qt && p.quant == Quant::kGroup && p.rows > 0 && p.hidden > 0 && d.clusters() && size_of(p.x) == 2 &&
-        !p.fp8_x && (!p.residual || (p.residual_aligned && !p.residual_f32 && !p.h_f32)) && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned &&
-        p.params_aligned && p.qt_aligned && (p.group_size == 16 || p.group_size == 32) &&
-        p.hidden % p.group_size == 0)) {
+        !p.fp8_x && residual_ok && !p.given_stats && !p.no_output && p.x_aligned && p.y_aligned && p.params_aligned &&
+        p.qt_aligned && (p.group_size == 16 || p.group_size == 32) && p.hidden % p.group_size == 0)) {
     return {};
   }
   const int64_t rows_per_tensor = p.tensors <= 1 ? p.rows : p.rows / p.tensors;

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   constexpr int S = kTileRows, W = kTileCols;
   constexpr int kWarps = kTileThreads / 32;
   static_assert(S == 32 && S % kWarps == 0, "fwd_tiles: a lane of the first warp copies each row");
+  static_assert(VEC == 8, "fwd_tiles: 16-bit x (a pack of h is four words)");
   using Vec = Pack<T, VEC>;
   extern __shared__ uint4 dyn[];
   const int blocks = (width + W - 1) / W;  // blocks of S rows of W columns
@@ -114,7 +115,6 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           uint32_t words[VEC / 2];
 #pragma unroll
           for (int j = 0; j < VEC / 2; ++j) words[j] = pack2<T>(v[2 * j] + w[2 * j], v[2 * j + 1] + w[2 * j + 1]);
-          static_assert(VEC == 8, "fwd_tiles: 16-bit x, a pack of four words");
           *reinterpret_cast<uint4*>(at(r, c)) = make_uint4(words[0], words[1], words[2], words[3]);
           store_words(h + r * H + c, words);
         }
