@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jax_rmsnorm as jrn
-from common import add_csv_arguments, bench, csv_path, jnp_rms, rel_err, write_rows
+from common import add_csv_arguments, bench, csv_path, jnp_add, jnp_rms, rel_err, write_rows
 
 
 def step(norm):
@@ -177,7 +177,7 @@ def add_table(devices, xs, dys, g, args):
     program (dy and dh inputs; gradients of x, residual and gamma)."""
 
     def jnp_add_rms(x, r, g):
-        h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+        h = jnp_add(x, r)
         return jnp_rms(h, g), h
 
     def both(fn):

@@ -48,7 +48,8 @@ import jax.numpy as jnp
 
 import jax_rmsnorm as jrn
 from bench_norm import HIDDEN
-from common import add_csv_arguments, bench, copy_seconds, csv_path, jnp_layer, jnp_rms, rel_err, write_rows
+from common import (add_csv_arguments, bench, copy_seconds, csv_path, jnp_add, jnp_layer, jnp_rms, rel_err,
+                    write_rows)
 
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -156,7 +157,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         ours = lambda x, r: fn(x, g, residual=r, **kw) if kind == "rms" else fn(x, g, b, residual=r, **kw)
 
         def comp(x, r):
-            h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype) if residual else x
+            h = jnp_add(x, r) if residual else x
             y = jnp_norm32(kind, h, g, b)
             out = (*block_quantize(y, block, fmt), *((h,) if residual else ()))
             return (*out, *block_quantize(y.T, block, fmt)) if op.endswith("_t") else out
@@ -180,7 +181,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
             (lambda x, r, g: jrn.add_layer_norm(x, r, g, b))
 
         def comp(x, r, g):
-            h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+            h = jnp_add(x, r)
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
 
         # (dy, dh, x, r) -> (y, h, dx, dgamma): forward and backward in one
@@ -220,7 +221,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         call = hidden_slice_call(kind, mode, fmt, group, zc_scale, g, b)
 
     def comp(x, r):
-        h = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype) if residual else x
+        h = jnp_add(x, r) if residual else x
         if mode is None:
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
         q, s = quantize(jnp_norm32(kind, h, g, b), mode, fmt, zc_scale, group)
@@ -312,7 +313,7 @@ def main():
             plain_t = {}  # the plain norm's time, once a kind
             for op in args.ops:
                 if ((op.endswith("_group") or op.startswith("fp8in")) and h % args.group) or (
-                        block_of(op) and (h % BLOCK[block_of(op)] or (op.endswith("_t") and m % BLOCK[block_of(op)]))):
+                        (blk := block_of(op)) and (h % BLOCK[blk] or (op.endswith("_t") and m % BLOCK[blk]))):
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,
                                                                       jnp.float32(100.0), not args.fwdbwd_drop_h,

@@ -43,6 +43,11 @@ FIELDS = ("op", "dtype", "param_dtype", "options", "rows", "hidden", "us", "tbps
 # jnp references
 
 
+def jnp_add(x, r):
+    """The residual add the fused ops replace: h = x + r summed in float32, in x's dtype."""
+    return (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
+
+
 def jnp_rms(x, g, eps=1e-6):
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps) * g.astype(jnp.float32)
