@@ -254,8 +254,9 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
 // the last CTA's may be fewer), at most kTileCols each, twice that where
 // more than kMaxCluster CTAs would be needed; and the dynamic shared memory
 // a CTA takes: the slab's rows in x's dtype, in blocks of kTileCols columns
-// (the rows' fixed pitch), then the effective scale (and LayerNorm's shift)
-// of its columns as floats. cluster 0: no cut fits.
+// (the rows' fixed pitch), then the exchange of the rows' sums (two floats a
+// row and CTA of the cluster, a round: LayerNorm takes two). cluster 0: no
+// cut fits.
 struct TileCut {
   int cluster = 0, width = 0;
   int64_t smem = 0;
@@ -268,8 +269,9 @@ TileCut tile_cut(const FwdProblem& p) {
   const int64_t width = ceil_div(ceil_div(p.hidden, cluster), p.group_size) * p.group_size;
   t.cluster = static_cast<int>(ceil_div(p.hidden, width));
   t.width = static_cast<int>(width);
+  const int rounds = p.kind == NormKind::kLayer ? 2 : 1;
   t.smem = ceil_div(width, kTileCols) * kTileCols * kTileRows * size_of(p.x) +
-           width * (p.kind == NormKind::kLayer ? 8 : 4);
+           int64_t{rounds} * t.cluster * kTileRows * 2 * sizeof(float);
   return t;
 }
 

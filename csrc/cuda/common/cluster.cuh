@@ -1,6 +1,6 @@
 // Sums over the CTAs of a thread block cluster (one row split across it):
 // pulled through distributed shared memory (cluster_sum) or pushed
-// (ClusterPush, for the persistent kernels).
+// (ClusterPush, for the persistent kernels; push_slot, a slab's rows at once).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -130,15 +130,50 @@ struct ClusterPush {
   }
 };
 
+// A block of partials pushed to every other CTA of the cluster (fwd_tiles:
+// a slab's row sums, N floats a CTA): this CTA's N floats at `mine`, its slot
+// of the exchange, are stored at the same offset of rank q's shared memory
+// for every q != rank, 16 bytes a thread (threads t < (size - 1) * N / 4),
+// st.async counting them on rank q's `bar` (armed there by arm_pushed).
+template <int N>
+__device__ __forceinline__ void push_slot(const float* mine, uint64_t* bar, int size, int rank) {
+#ifdef JRN_NO_CLUSTERS
+  __trap();
+#else
+  static_assert(N % 4 == 0, "push_slot: whole 16-byte chunks");
+  constexpr int kChunks = N / 4;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= (size - 1) * kChunks) return;
+  const int j = t / kChunks, k = t % kChunks;
+  const int q = j < rank ? j : j + 1;  // every rank but this one
+  const float4 v = reinterpret_cast<const float4*>(mine)[k];
+  unsigned rdst, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rdst) : "r"(smem_u32(mine + 4 * k)), "r"(q));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(bar)), "r"(q));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(rdst), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+               "r"(__float_as_uint(v.w)), "r"(rbar) : "memory");
+#endif
+}
+// Initializes this CTA's `bar` and arms it for the other CTAs' push_slot<N>
+// (one thread; the cluster then passes a barrier before any CTA pushes). The
+// receiver waits with mbar_wait<true>(bar, 0).
+template <int N>
+__device__ __forceinline__ void arm_pushed(uint64_t* bar, int size) {
+  mbar_init(bar);
+  mbar_expect(bar, static_cast<unsigned>((size - 1) * N * sizeof(float)));
+}
+
 __device__ __forceinline__ void cluster_done() {
   JRN_SM90(cooperative_groups::this_cluster().sync());
 }
 
 // A cluster barrier in two halves, for a kernel with work between them:
-// arrive (releasing this thread's earlier accesses, remote reads included),
-// then wait (acquiring every CTA's). Every thread of every CTA calls both.
-__device__ __forceinline__ void cluster_arrive() {
-  JRN_SM90(asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"));
+// arrive, relaxed (ordering no memory accesses: mbarrier inits are published
+// by their own fence, exchanges by st.async's mbarriers), then wait. Every
+// thread of every CTA calls both.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  JRN_SM90(asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"));
 }
 __device__ __forceinline__ void cluster_wait() {
   JRN_SM90(asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"));

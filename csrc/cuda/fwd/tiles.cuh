@@ -8,7 +8,9 @@
 // in registers; a group takes group_size / VEC lanes) and down the columns
 // (q_t: a pair of lanes two columns, each lane half the rows, so that the
 // pair's stores fill whole 32-byte sectors). Both passes form y with
-// norm_value, so q and q_t code the same float32 values.
+// norm_value, so q and q_t code the same float32 values. Each CTA pushes its
+// rows' partial sums into every other CTA's shared memory (push_slot): no
+// cluster barrier between the sums and the passes, no remote loads.
 //
 // The tile's rows have a fixed pitch of kTileCols columns (a CTA's columns
 // past that, in the cuts of 2 * kTileCols, in a second block of rows): the
@@ -42,50 +44,62 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   constexpr int kWarps = kTileThreads / 32;
   static_assert(S == 32 && S % kWarps == 0, "fwd_tiles: a lane of the first warp copies each row");
   static_assert(VEC == 8, "fwd_tiles: 16-bit x (a pack of h is four words)");
+  constexpr int kSlot = 2 * S;  // a CTA's partials a round: two floats a row
+  static_assert((kMaxCluster - 1) * kSlot / 4 <= kTileThreads, "fwd_tiles: a thread pushes 16 bytes of a slot");
   using Vec = Pack<T, VEC>;
   extern __shared__ uint4 dyn[];
   const int blocks = (width + W - 1) / W;  // blocks of S rows of W columns
+  const int cluster = cluster_ctas();
   T* const tile = reinterpret_cast<T*>(dyn);                             // [blocks][S][W]: x
-  float* const scale = reinterpret_cast<float*>(tile + blocks * S * W);  // [width]: gamma, 1 + gamma or 1
-  float* const shift = scale + width;                                    // [width]: beta (LayerNorm)
-  __shared__ alignas(8) float part[2][S][2];  // this CTA's row sums, by round (LayerNorm takes two)
+  float* const xchg = reinterpret_cast<float*>(tile + blocks * S * W);   // [rounds][cluster][kSlot]: the row sums
   __shared__ alignas(16) float mean_of[S], rstd_of[S];
-  __shared__ alignas(8) uint64_t landed;
+  __shared__ alignas(8) uint64_t landed[2], pushed[2];  // x's rows, by half; the other CTAs' sums, by round
   // x of row r, column c (c % W + W <= the pitch: a pack or a column pair never straddles blocks).
   auto at = [&](int r, int c) { return tile + (c / W) * (S * W) + r * W + c % W; };
 
   const int64_t H = a.shape.hidden;
-  const int cluster = cluster_ctas();
   const int rank = static_cast<int>(blockIdx.x % cluster);
   const int64_t row0 = static_cast<int64_t>(blockIdx.x / cluster) * S;
   const int col0 = rank * width;                                   // hidden < 2^31
   const int n_cols = min(width, static_cast<int>(H) - col0);      // whole groups, at least one (the plan's cut)
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
 
-  // The slab's columns, a row a lane of the first warp (a copy a block).
-  if (threadIdx.x == 0) mbar_init(&landed);
+  // The slab's columns, a row a lane of the first warp (a copy a block),
+  // counted by half of the rows: the first half's sums start while the
+  // second lands.
+  constexpr int kRounds = K == NormKind::kLayer ? 2 : 1;
+  if (threadIdx.x == 0) {
+    mbar_init(&landed[0]);
+    mbar_init(&landed[1]);
+    if (cluster > 1) {
+#pragma unroll
+      for (int i = 0; i < kRounds; ++i) arm_pushed<kSlot>(&pushed[i], cluster);
+    }
+  }
   __syncthreads();
+  if (cluster > 1) cluster_arrive_relaxed();  // (waited for before the first push)
   if (warp == 0) {
-    if (lane == 0) mbar_expect(&landed, static_cast<unsigned>(S * n_cols * sizeof(T)));
+    if (lane % (S / 2) == 0) mbar_expect(&landed[lane / (S / 2)], static_cast<unsigned>(S / 2 * n_cols * sizeof(T)));
     __syncwarp();
     const T* src = static_cast<const T*>(a.x) + (row0 + lane) * H + col0;
     for (int c = 0; c < n_cols; c += W)
-      bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed);
+      bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed[lane / (S / 2)]);
     if (a.residual)
       bulk_prefetch_l2(static_cast<const T*>(a.residual) + (row0 + lane) * H + col0,
                        static_cast<unsigned>(n_cols * sizeof(T)));
   }
-  // The parameters of the slab's group, as floats, while x lands.
+  // The parameters of the slab's group (read by both passes from global memory).
   const int64_t poff = a.shape.param_offset(row0) + col0;
   const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
   const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
   const bool has_beta = beta != nullptr;
-  for (int c = static_cast<int>(threadIdx.x); c < n_cols; c += kTileThreads) {
-    const float g = gamma ? to_float(gamma[c]) : 1.f;
-    scale[c] = gamma && a.zero_centered ? g + 1.f : g;  // (g + 0 would turn a gamma of -0 into +0)
-    if (has_beta) shift[c] = to_float(beta[c]);
-  }
-  mbar_wait(&landed, 0);
+  // The first touch of row r (a warp walks r = warp + k * kWarps): the
+  // second half's rows wait for their copies.
+  static_assert(S / 2 % kWarps == 0, "fwd_tiles: a warp's rows split evenly between the halves");
+  auto second_half = [&](int r) {
+    if (r - warp == S / 2) mbar_wait(&landed[1], 0);
+  };
+  mbar_wait(&landed[0], 0);
 
   // With a residual: h = x + residual, rounded to T, stored to a.h and in
   // place of x in the tile, so that everything below reads h. A warp takes
@@ -97,6 +111,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     const T* res = static_cast<const T*>(a.residual) + row0 * H + col0;
     T* h = static_cast<T*>(a.h) + row0 * H + col0;
     for (int r = warp; r < S; r += kWarps) {
+      second_half(r);
       for (int c0 = 0; c0 < n_cols; c0 += W) {
         const int n = min(W, n_cols - c0);
         Vec rv[kPacks];
@@ -135,26 +150,33 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     }
   };
   // One round of the rows' sums: a warp a row at a time; add(acc, v, r)
-  // takes a pack of row r, finish(acc, r) the thread's sums. The sums of
-  // every CTA of the cluster, added in rank order (the same in every CTA),
-  // then reach thread r < S as total(sum, r).
+  // takes a pack of row r, finish(acc, r) the thread's sums, which go to
+  // this CTA's slot of the round's exchange and are pushed to the other
+  // CTAs' (push_slot). The sums of every CTA, added in rank order (the same
+  // in every CTA), then reach thread r < S as total(sum, r).
   auto round = [&](int which, auto add, auto finish, auto total) {
+    float* const slots = xchg + which * cluster * kSlot;
     for (int r = warp; r < S; r += kWarps) {
+      if (which == 0) second_half(r);
       float acc[2] = {0.f, 0.f};
       for_packs(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
       finish(acc, r);
       warp_sum<2>(acc, 32);
-      if (lane == 0) part[which][r][0] = acc[0], part[which][r][1] = acc[1];
+      if (lane == 0) *reinterpret_cast<float2*>(slots + rank * kSlot + 2 * r) = make_float2(acc[0], acc[1]);
     }
-    cluster_arrive();
-    cluster_wait();
+    __syncthreads();
+    if (cluster > 1) {
+      if (which == 0) cluster_wait();  // every CTA's mbarriers are armed
+      push_slot<kSlot>(slots + rank * kSlot, &pushed[which], cluster, rank);
+    }
     if (threadIdx.x < S) {
       const int r = static_cast<int>(threadIdx.x);
+      if (cluster > 1) mbar_wait<true>(&pushed[which], 0);
       float sum[2] = {0.f, 0.f};
       for (int q = 0; q < cluster; ++q) {
-        const float* remote = cooperative_groups::this_cluster().map_shared_rank(&part[which][r][0], q);
-        sum[0] += remote[0];
-        sum[1] += remote[1];
+        const float2 v = *reinterpret_cast<const float2*>(slots + q * kSlot + 2 * r);
+        sum[0] += v.x;
+        sum[1] += v.y;
       }
       total(sum, r);
     }
@@ -199,7 +221,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           if (rank == 0) a.mean[row0 + r] = mean_of[r], a.rstd[row0 + r] = rstd_of[r];
         });
   }
-  cluster_arrive();  // this CTA's remote reads are done (waited for before it exits)
+  if (cluster > 1) cluster_arrive_relaxed();  // this CTA's exchanges are done (waited for before it exits)
 
   const int G = static_cast<int>(a.group_size);  // 16 or 32 (the plan)
   const Pow2Groups groups(G, VEC);
@@ -216,11 +238,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       const bool valid = c0 + lane * VEC < n_cols;
       const int c = valid ? c0 + lane * VEC : c0;
       float sc[VEC], sh[VEC] = {};
-#pragma unroll
-      for (int j = 0; j < VEC; j += 4) {
-        *reinterpret_cast<float4*>(sc + j) = *reinterpret_cast<const float4*>(scale + c + j);
-        if (has_beta) *reinterpret_cast<float4*>(sh + j) = *reinterpret_cast<const float4*>(shift + c + j);
-      }
+      load_scale<VEC>(gamma, c, a.zero_centered, sc);
+      if (has_beta) load_pack<VEC>(beta + c, sh);
       const T* src = at(warp, c);
       int64_t e = (row0 + warp) * H + col0 + c;  // q's element
 #pragma unroll
@@ -257,8 +276,9 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
     for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
       const T* src = at(h * kHalf, c);
-      const float2 sc = *reinterpret_cast<const float2*>(scale + c);
-      const float2 sh = has_beta ? *reinterpret_cast<const float2*>(shift + c) : float2{};
+      float sc[2], sh[2] = {};
+      load_scale<2>(gamma, c, a.zero_centered, sc);
+      if (has_beta) load_pack<2>(beta + c, sh);
       float y0[kHalf], y1[kHalf];
 #pragma unroll
       for (int j = 0; j < kHalf; j += 4) {
@@ -269,8 +289,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
         for (int k = 0; k < 4; ++k) {
           float lo, hi;
           widen2<T>(*reinterpret_cast<const uint32_t*>(src + (j + k) * W), lo, hi);
-          y0[j + k] = norm_value(lo, msk[k], rsk[k], sc.x, sh.x, has_beta);
-          y1[j + k] = norm_value(hi, msk[k], rsk[k], sc.y, sh.y, has_beta);
+          y0[j + k] = norm_value(lo, msk[k], rsk[k], sc[0], sh[0], has_beta);
+          y1[j + k] = norm_value(hi, msk[k], rsk[k], sc[1], sh[1], has_beta);
         }
       }
       float g0 = 0.f, g1 = 0.f;
@@ -287,7 +307,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       store_codes<kHalf>(a, a.qt, e1, y1, global, k1);
     }
   }
-  cluster_wait();
+  if (cluster > 1) cluster_wait();
 #endif
 }
 
