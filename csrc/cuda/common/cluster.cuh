@@ -10,6 +10,23 @@
 
 namespace jrn::cuda {
 
+#ifndef JRN_NO_CLUSTERS
+// The address of this CTA's shared variable at `p` in rank q's shared memory
+// (a shared::cluster address, for st.async).
+__device__ __forceinline__ unsigned cluster_addr(const void* p, int q) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_u32(p)), "r"(q));
+  return r;
+}
+// Stores 16 bytes at `dst` (shared::cluster, aligned to 16), counting them
+// on the mbarrier at `bar` (of the same CTA).
+__device__ __forceinline__ void st_async16(unsigned dst, float a, float b, float c, float d, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(dst), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(__float_as_uint(c)),
+               "r"(__float_as_uint(d)), "r"(bar) : "memory");
+}
+#endif
+
 // ---- Reductions over the CTAs of a thread block cluster (one row split
 // across the cluster). Each CTA passes its row_sum result; every thread gets
 // the cluster-wide sum, added in rank order (the same in every CTA).
@@ -89,9 +106,7 @@ struct ClusterPush {
     if (threadIdx.y == 0 && threadIdx.x < size) {
       if (threadIdx.x == 0) mbar_expect(&bars[parity], static_cast<unsigned>(size * M * sizeof(float)));
       const int q = static_cast<int>(threadIdx.x);
-      unsigned rslot, rbar;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rslot) : "r"(smem_u32(&slots[parity][rank][0])), "r"(q));
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(&bars[parity])), "r"(q));
+      const unsigned rslot = cluster_addr(&slots[parity][rank][0], q), rbar = cluster_addr(&bars[parity], q);
       if constexpr (M == 1 || M == 3) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
@@ -102,9 +117,7 @@ struct ClusterPush {
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
                      ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[M - 1])), "r"(rbar) : "memory");
       } else {
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
-                     ::"r"(rslot), "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
-                     "r"(__float_as_uint(v[3])), "r"(rbar) : "memory");
+        st_async16(rslot, v[0], v[1], v[2], v[3], rbar);
       }
     }
 #endif
@@ -147,12 +160,7 @@ __device__ __forceinline__ void push_slot(const float* mine, uint64_t* bar, int 
   const int j = t / kChunks, k = t % kChunks;
   const int q = j < rank ? j : j + 1;  // every rank but this one
   const float4 v = reinterpret_cast<const float4*>(mine)[k];
-  unsigned rdst, rbar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rdst) : "r"(smem_u32(mine + 4 * k)), "r"(q));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_u32(bar)), "r"(q));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
-               ::"r"(rdst), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
-               "r"(__float_as_uint(v.w)), "r"(rbar) : "memory");
+  st_async16(cluster_addr(mine + 4 * k, q), v.x, v.y, v.z, v.w, cluster_addr(bar, q));
 #endif
 }
 // Initializes this CTA's `bar` and arms it for the other CTAs' push_slot<N>
