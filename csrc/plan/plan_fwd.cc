@@ -254,9 +254,9 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
 // the last CTA's may be fewer), at most kTileCols each, twice that where
 // more than kMaxCluster CTAs would be needed; and the dynamic shared memory
 // a CTA takes: the slab's rows in x's dtype, in blocks of kTileCols columns
-// (the rows' fixed pitch), then the exchange of the rows' sums (two floats a
-// row and CTA of the cluster, a round: LayerNorm takes two). cluster 0: no
-// cut fits.
+// (the rows' fixed pitch), then gamma (and beta) as given, then the
+// exchange of the rows' sums (a round, a float a row and CTA of the cluster,
+// RMSNorm two; LayerNorm takes two rounds). cluster 0: no cut fits.
 struct TileCut {
   int cluster = 0, width = 0;
   int64_t smem = 0;
@@ -269,9 +269,10 @@ TileCut tile_cut(const FwdProblem& p) {
   const int64_t width = ceil_div(ceil_div(p.hidden, cluster), p.group_size) * p.group_size;
   t.cluster = static_cast<int>(ceil_div(p.hidden, width));
   t.width = static_cast<int>(width);
-  const int rounds = p.kind == NormKind::kLayer ? 2 : 1;
-  t.smem = ceil_div(width, kTileCols) * kTileCols * kTileRows * size_of(p.x) +
-           int64_t{rounds} * t.cluster * kTileRows * 2 * sizeof(float);
+  const bool layer = p.kind == NormKind::kLayer;
+  const int64_t params = (layer ? 2 : 1) * width * size_of(p.param);
+  const int64_t sums = int64_t{layer ? 2 : 1} * t.cluster * kTileRows * (layer ? 1 : 2) * sizeof(float);
+  t.smem = ceil_div(width, kTileCols) * kTileCols * kTileRows * size_of(p.x) + params + sums;
   return t;
 }
 

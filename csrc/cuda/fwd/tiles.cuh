@@ -44,14 +44,18 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   constexpr int kWarps = kTileThreads / 32;
   static_assert(S == 32 && S % kWarps == 0, "fwd_tiles: a lane of the first warp copies each row");
   static_assert(VEC == 8, "fwd_tiles: 16-bit x (a pack of h is four words)");
-  constexpr int kSlot = 2 * S;  // a CTA's partials a round: two floats a row
+  constexpr int M = K == NormKind::kRms ? 2 : 1;  // a row's partials a round (RMSNorm: the sum and its scaled twin)
+  constexpr int kSlot = M * S;                      // a CTA's partials a round
   static_assert((kMaxCluster - 1) * kSlot / 4 <= kTileThreads, "fwd_tiles: a thread pushes 16 bytes of a slot");
   using Vec = Pack<T, VEC>;
   extern __shared__ uint4 dyn[];
   const int blocks = (width + W - 1) / W;  // blocks of S rows of W columns
   const int cluster = cluster_ctas();
-  T* const tile = reinterpret_cast<T*>(dyn);                             // [blocks][S][W]: x
-  float* const xchg = reinterpret_cast<float*>(tile + blocks * S * W);   // [rounds][cluster][kSlot]: the row sums
+  constexpr int kRounds = K == NormKind::kLayer ? 2 : 1;  // of sums (LayerNorm: the mean, then the squares)
+  constexpr int kParams = K == NormKind::kLayer ? 2 : 1;  // gamma (and beta)
+  T* const tile = reinterpret_cast<T*>(dyn);                          // [blocks][S][W]: x
+  P* const params = reinterpret_cast<P*>(tile + blocks * S * W);      // [kParams][width]: as given
+  float* const xchg = reinterpret_cast<float*>(params + kParams * width);  // [kRounds][cluster][kSlot]: row sums
   __shared__ alignas(16) float mean_of[S], rstd_of[S];
   __shared__ alignas(8) uint64_t landed[2], pushed[2];  // x's rows, by half; the other CTAs' sums, by round
   // x of row r, column c (c % W + W <= the pitch: a pack or a column pair never straddles blocks).
@@ -66,8 +70,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
 
   // The slab's columns, a row a lane of the first warp (a copy a block),
   // counted by half of the rows: the first half's sums start while the
-  // second lands.
-  constexpr int kRounds = K == NormKind::kLayer ? 2 : 1;
+  // second lands. The parameters of the slab's group come with the second.
+  const int64_t poff = a.shape.param_offset(row0) + col0;
+  const bool has_gamma = a.gamma != nullptr, has_beta = K == NormKind::kLayer && a.beta != nullptr;
+  const unsigned param_bytes = static_cast<unsigned>((has_gamma + has_beta) * n_cols * sizeof(P));
   if (threadIdx.x == 0) {
     mbar_init(&landed[0]);
     mbar_init(&landed[1]);
@@ -79,20 +85,28 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   __syncthreads();
   if (cluster > 1) cluster_arrive_relaxed();  // (waited for before the first push)
   if (warp == 0) {
-    if (lane % (S / 2) == 0) mbar_expect(&landed[lane / (S / 2)], static_cast<unsigned>(S / 2 * n_cols * sizeof(T)));
+    const int half = lane / (S / 2);
+    if (lane % (S / 2) == 0) mbar_expect(&landed[half], static_cast<unsigned>(S / 2 * n_cols * sizeof(T)) + (half ? param_bytes : 0u));
     __syncwarp();
     const T* src = static_cast<const T*>(a.x) + (row0 + lane) * H + col0;
     for (int c = 0; c < n_cols; c += W)
-      bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed[lane / (S / 2)]);
+      bulk_copy(at(lane, c), src + c, static_cast<unsigned>(min(W, n_cols - c) * sizeof(T)), &landed[half]);
+    if (lane == S / 2 && has_gamma)
+      bulk_copy(params, static_cast<const P*>(a.gamma) + poff, n_cols * sizeof(P), &landed[1]);
+    if (lane == S / 2 + 1 && has_beta)
+      bulk_copy(params + width, static_cast<const P*>(a.beta) + poff, n_cols * sizeof(P), &landed[1]);
     if (a.residual)
       bulk_prefetch_l2(static_cast<const T*>(a.residual) + (row0 + lane) * H + col0,
                        static_cast<unsigned>(n_cols * sizeof(T)));
   }
-  // The parameters of the slab's group (read by both passes from global memory).
-  const int64_t poff = a.shape.param_offset(row0) + col0;
-  const P* gamma = a.gamma ? static_cast<const P*>(a.gamma) + poff : nullptr;
-  const P* beta = K == NormKind::kLayer && a.beta ? static_cast<const P*>(a.beta) + poff : nullptr;
-  const bool has_beta = beta != nullptr;
+  // The effective scale (gamma, 1 + gamma or 1) and shift (beta or 0) of N
+  // columns from c (aligned to N), from the staged parameters.
+  auto scale_shift_of = [&](int c, auto& sc, auto& sh) {
+    constexpr int N = sizeof(sc) / sizeof(float);
+    using PN = Pack<P, N>;
+    effective_scale<N>(has_gamma, a.zero_centered, [&](float(&g)[N]) { unpack(*reinterpret_cast<const PN*>(params + c), g); }, sc);
+    if (has_beta) unpack(*reinterpret_cast<const PN*>(params + width + c), sh);
+  };
   // The first touch of row r (a warp walks r = warp + k * kWarps): the
   // second half's rows wait for their copies.
   static_assert(S / 2 % kWarps == 0, "fwd_tiles: a warp's rows split evenly between the halves");
@@ -162,7 +176,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       for_packs(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
       finish(acc, r);
       warp_sum<2>(acc, 32);
-      if (lane == 0) *reinterpret_cast<float2*>(slots + rank * kSlot + 2 * r) = make_float2(acc[0], acc[1]);
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) slots[rank * kSlot + M * r + m] = acc[m];
+      }
     }
     __syncthreads();
     if (cluster > 1) {
@@ -174,9 +191,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       if (cluster > 1) mbar_wait<true>(&pushed[which], 0);
       float sum[2] = {0.f, 0.f};
       for (int q = 0; q < cluster; ++q) {
-        const float2 v = *reinterpret_cast<const float2*>(slots + q * kSlot + 2 * r);
-        sum[0] += v.x;
-        sum[1] += v.y;
+#pragma unroll
+        for (int m = 0; m < M; ++m) sum[m] += slots[q * kSlot + M * r + m];
       }
       total(sum, r);
     }
@@ -238,8 +254,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       const bool valid = c0 + lane * VEC < n_cols;
       const int c = valid ? c0 + lane * VEC : c0;
       float sc[VEC], sh[VEC] = {};
-      load_scale<VEC>(gamma, c, a.zero_centered, sc);
-      if (has_beta) load_pack<VEC>(beta + c, sh);
+      scale_shift_of(c, sc, sh);
       const T* src = at(warp, c);
       int64_t e = (row0 + warp) * H + col0 + c;  // q's element
 #pragma unroll
@@ -277,8 +292,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
       const T* src = at(h * kHalf, c);
       float sc[2], sh[2] = {};
-      load_scale<2>(gamma, c, a.zero_centered, sc);
-      if (has_beta) load_pack<2>(beta + c, sh);
+      scale_shift_of(c, sc, sh);
       float y0[kHalf], y1[kHalf];
 #pragma unroll
       for (int j = 0; j < kHalf; j += 4) {
