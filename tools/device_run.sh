@@ -53,15 +53,20 @@ for step in "$@"; do
       # ("no supported devices found for platform CUDA").
       KERNELS=fwd_slices COUNT=1 bash tools/ncu_run.sh 512 262144 rms_fwd ln_fwd
       KERNELS=bwd_ COUNT=2 bash tools/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
-    ncu-block)  # where the block-scaled forward spends its instructions: executed SASS by opcode and line
-      # (after another GPU step, as ncu-wide says)
-      for op in rms_mxfp8 rms_nvfp4; do
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name regex:fwd_slices \
+    ncu-block)  # where the block-scaled forward spends its instructions: executed SASS by opcode and line, and
+      # the warps' stalls. BLOCK_OPS, BLOCK_KERNEL, BLOCK_HIDDEN choose, e.g. the columnwise copy's kernel:
+      # BLOCK_OPS="rms_mxfp8_t ln_mxfp8_t" BLOCK_KERNEL=fwd_tiles BLOCK_HIDDEN=16384 (after another GPU step, as
+      # ncu-wide says)
+      hd=${BLOCK_HIDDEN:-4096}; rows=$((2 ** 25 / hd))
+      for op in ${BLOCK_OPS:-rms_mxfp8 rms_nvfp4}; do
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name "regex:${BLOCK_KERNEL:-fwd_slices}" \
           --launch-skip 1 --launch-count 1 --section SourceCounters --section SpeedOfLight --section WarpStateStats \
-          -o "$OUT/ncu_$op" python3 tools/profile_ops.py "$op" --rows 8192 --hidden 4096 --calls 2 > /dev/null 2>&1
+          -o "$OUT/ncu_$op" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 > /dev/null 2>&1
+        ncu --import "$OUT/ncu_$op.ncu-rep" --page details > "$OUT/details_$op.txt" 2>/dev/null
         ncu --import "$OUT/ncu_$op.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$op.csv" 2>/dev/null
         echo "== $op"
-        python3 tools/sass_summary.py --executed "$OUT/src_$op.csv" $((8192 * 4096)) --dump "$OUT/lines_$op.txt" | head -40
+        grep -E "Duration|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Stall" "$OUT/details_$op.txt" | head -20
+        python3 tools/sass_summary.py --executed "$OUT/src_$op.csv" $((rows * hd)) --dump "$OUT/lines_$op.txt" | head -40
       done ;;
     bench-unaligned)  # widths that are not a multiple of 8
       { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
