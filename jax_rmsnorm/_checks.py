@@ -321,9 +321,16 @@ def check_block_size(x, block, fmt):
     return block
 
 
-def check_columnwise_rows(x, block):
+COLUMNWISE_MAX_BLOCK = 256  # rows a block of the columnwise copy, at most (the GPU holds a block's y)
+
+
+def check_columnwise(x, block):
     """The columnwise copy (``transpose=True`` of per-group output) quantizes
-    blocks of ``block`` rows: a tensor's rows must be a multiple of it."""
+    blocks of ``block`` rows: a multiple of 4 up to COLUMNWISE_MAX_BLOCK, and a
+    tensor's rows must be a multiple of it."""
+    if block % 4 != 0 or block > COLUMNWISE_MAX_BLOCK:
+        raise ValueError(f"group_size must be a multiple of 4 up to {COLUMNWISE_MAX_BLOCK} for the columnwise copy "
+                         f"(transpose=True quantizes blocks of group_size rows), got {block}")
     rows = math.prod(x.shape[:-1])
     if rows % block != 0:
         raise ValueError(f"x's rows (the product of all but its last dim: {rows}) must be a multiple of {block} "

@@ -20,7 +20,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_bool, check_columnwise_rows,
+from ._checks import (FP8_MAX, Config, check_axis_name, check_block_size, check_bool, check_columnwise,
                       check_fp8_input, check_group_size, check_h_dtype, check_out_dtype, check_param, check_residual,
                       check_scale_ub, check_tensor_scale, check_x, config,
                       dtype_name, is_fp8, no_fp8_options, staged)
@@ -233,7 +233,7 @@ def _run(kind, x, residual, gamma, beta, *, eps, zero_centered_gamma, h_dtype=No
         if check_bool(power_of_two_scales, "power_of_two_scales"):
             spec["group_scale"] = "pow2"
     if quant == "group" and spec["transpose"]:
-        check_columnwise_rows(x, spec["group_size"])
+        check_columnwise(x, spec["group_size"])
     if quant == "current" or (spec["transpose"] and scale is None):
         scale = jnp.zeros((), jnp.float32)  # not read: its shape counts the tensors (vmap)
     r_dtype = None if residual is None else np.dtype(residual.dtype)

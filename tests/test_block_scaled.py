@@ -542,6 +542,10 @@ def test_columnwise_rows_refused():
         jrn.layer_norm_nvfp4(jnp.ones((24, 64)), global_scale=1.0, transpose=True)
     with pytest.raises(ValueError, match=r"must be a multiple of 128 for the columnwise copy"):
         jrn.rms_norm_fp8_groupwise(jnp.ones((40, 128)), transpose=True)
+    for g in (6, 512):  # blocks of rows: a multiple of 4, at most 256
+        with pytest.raises(ValueError, match=f"group_size must be a multiple of 4 up to 256 for the columnwise copy "
+                                             fr"\(transpose=True quantizes blocks of group_size rows\), got {g}"):
+            jrn.rms_norm_fp8_groupwise(jnp.ones((1024, 1536)), group_size=g, transpose=True)
     with pytest.raises(TypeError, match="transpose must be a bool"):
         jrn.rms_norm_mxfp8(x, transpose="yes")
     q, s = jrn.rms_norm_mxfp8(x)  # without the copy: any rows
