@@ -13,7 +13,9 @@ Bytes counted are the ones the fused op must move: inputs read once (x, the
 residual, the parameters) and outputs written once (y or q, h, the statistics,
 amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
 tensor's amax is needed before anything is quantized; ``_t`` adds the
-transposed copy q_t). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
+transposed copy q_t). ``*_fp8_group_t``: per group of ``--group`` columns
+with the columnwise copy (q_t quantized down the rows in groups of as many
+rows, its scales: 1x128 blocks with their 128x1 copy). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
 norm, forward and backward in one jit (as in a training step), returning y,
 h, dx and dgamma: the forward's bytes plus the backward's (dy, dh and h read,
 dx written: the gradient of both x and the residual, returned once since it
@@ -54,7 +56,7 @@ from common import (add_csv_arguments, bench, copy_seconds, csv_path, jnp_add, j
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
-       "rms_fp8_group", "ln_fp8_group", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
+       "rms_fp8_group", "ln_fp8_group", "rms_fp8_group_t", "ln_fp8_group_t", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
        "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor",
        "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "ln_mxfp8_t", "rms_nvfp4_t", "ln_nvfp4_t",
        "add_rms_mxfp8_t"]
@@ -145,7 +147,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
     mode = None
     if "fp8" in op:
         mode = "current" if "_current" in op else ("row" if op.endswith("_row") else (
-            "group" if op.endswith("_group") else "tensor"))
+            "group" if op.endswith(("_group", "_group_t")) else "tensor"))
     plain = (jax.jit(lambda x: jrn.rms_norm(x, g)) if kind == "rms" else jax.jit(lambda x: jrn.layer_norm(x, g, b)))
     block = block_of(op)
     if block:  # x (and r) -> (codes, scales) (h), against the norm then jax.nn's quantizer
@@ -203,7 +205,7 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         kw["scale"] = zc_scale
     if mode == "group":
         kw["group_size"] = group
-    if op.endswith("_current_t"):
+    if op.endswith("_t"):  # (the block-scaled ops' are above)
         kw["transpose"] = True
     if mode:
         kw["out_dtype"] = FP8[fmt]
@@ -224,8 +226,11 @@ def make(op, g, b, fmt, group, zc_scale, keep_h=True, hidden_slice=False):
         h = jnp_add(x, r) if residual else x
         if mode is None:
             return (jnp_rms(h, g) if kind == "rms" else jnp_layer(h, g, b)), h
-        q, s = quantize(jnp_norm32(kind, h, g, b), mode, fmt, zc_scale, group)
+        y = jnp_norm32(kind, h, g, b)
+        q, s = quantize(y, mode, fmt, zc_scale, group)
         out = (q, s, h) if residual else (q, s)
+        if op.endswith("_group_t"):  # y^T quantized along the rows
+            return (*out, *quantize(y.reshape(-1, y.shape[-1]).T, mode, fmt, zc_scale, group))
         return (*out, q.reshape(-1, q.shape[-1]).T) if op.endswith("_current_t") else out
 
     if residual:
@@ -246,7 +251,8 @@ def nbytes(op, m, h, s, ps, kind, residual, mode, backward, group):
         out = m * h * (1 if mode == "mxfp8" else 0.5) + m * (h // BLOCK[mode])
         return m * h * s * (3 if residual else 1) + out * (2 if op.endswith("_t") else 1) + params
     qs = {None: 0, "tensor": 4, "current": 4, "row": 4 * m, "group": 4 * m * (h // group)}[mode]
-    out *= 2 if op.endswith("_current_t") else 1  # q and q_t
+    out *= 2 if op.endswith("_t") else 1  # q and q_t
+    qs *= 2 if op.endswith("_group_t") else 1  # and q_t's scales
     return m * h * s * (2 if residual else 1) + (m * h * s if residual else 0) + out + params + stats + qs
 
 
@@ -312,7 +318,8 @@ def main():
             copy_bw = 2 * m * h * s / copy_t
             plain_t = {}  # the plain norm's time, once a kind
             for op in args.ops:
-                if ((op.endswith("_group") or op.startswith("fp8in")) and h % args.group) or (
+                if ((op.endswith(("_group", "_group_t")) or op.startswith("fp8in")) and h % args.group) or (
+                        op.endswith("_group_t") and m % args.group) or (
                         (blk := block_of(op)) and (h % BLOCK[blk] or (op.endswith("_t") and m % BLOCK[blk]))):
                     continue
                 ours, xla, plain, kind, residual, mode, backward = make(op, g, b, args.fp8, args.group,

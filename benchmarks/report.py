@@ -45,6 +45,8 @@ FUSED = {
     "ln_fp8_row": "LayerNorm, FP8 out, per-row scales",
     "rms_fp8_group": "RMSNorm, FP8 out, per-group scales",
     "ln_fp8_group": "LayerNorm, FP8 out, per-group scales",
+    "rms_fp8_group_t": "the same RMSNorm + columnwise copy (128x1)",
+    "ln_fp8_group_t": "the same LayerNorm + columnwise copy (128x1)",
     "rms_fp8_current": "RMSNorm, FP8 out, current scaling",
     "rms_fp8_current_t": "the same + transposed copy",
     "ln_fp8_current": "LayerNorm, FP8 out, current scaling",

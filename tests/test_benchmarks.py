@@ -51,6 +51,14 @@ def test_bench_fused_param_dtype():
     assert len(_rows(out, "ln_fp8_row")) == 2 and not _rows(out, "fp8in_rms")
 
 
+def test_bench_fused_group_columnwise():
+    # rows a multiple of the group (128): 32768 elements at 256 columns; none at 1024 (32 rows)
+    out = run_script(FUSED, "--device", "cpu", "--elements", "32768", "--hidden", "256", "1024", "--iters", "2",
+                     "--reps", "2", "--no-csv", "--ops", "rms_fp8_group_t", "ln_fp8_group_t")
+    for op in ("rms_fp8_group_t", "ln_fp8_group_t"):
+        assert [r.split("|")[3].strip() for r in _rows(out, op)] == ["128x256"], (op, out[-2000:])
+
+
 @pytest.mark.parametrize("mode", [("--elements", "4096"), ("--rows", "2", "8", "--chain", "3")],
                          ids=["bandwidth", "latency"])
 def test_bench_norm_runs(mode):
