@@ -15,11 +15,11 @@ amax or the scales); for ``*_fp8_current`` too, although it reads x twice (the
 tensor's amax is needed before anything is quantized; ``_t`` adds the
 transposed copy q_t). ``*_fp8_group_t``: per group of ``--group`` columns
 with the columnwise copy (q_t quantized down the rows in groups of as many
-rows, its scales: 1x128 blocks with their 128x1 copy). ``add_rms_fwdbwd`` times ``jax.vjp`` of the fused add +
-norm, forward and backward in one jit (as in a training step), returning y,
-h, dx and dgamma: the forward's bytes plus the backward's (dy, dh and h read,
-dx written: the gradient of both x and the residual, returned once since it
-is one array); its jnp counterpart is ``jax.vjp`` of the composition. h is
+rows, its scales: 1x128 blocks with their 128x1 copy). ``add_rms_fwdbwd``
+times ``jax.vjp`` of the fused add + norm, forward and backward in one jit
+(as in a training step), returning y, h, dx and dgamma: the forward's bytes
+plus the backward's (dy, dh and h read, dx written: the gradient of both x
+and the residual, returned once since it is one array); its jnp counterpart is ``jax.vjp`` of the composition. h is
 returned because dh is an input: h has a consumer (the next block's residual
 add), so a model writes it. ``--fwdbwd-drop-h`` times the older definition
 without h, where XLA need not write it and recomputes x + r in the backward.
@@ -56,7 +56,8 @@ from common import (add_csv_arguments, bench, copy_seconds, csv_path, jnp_add, j
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 OPS = ["add_rms", "add_ln", "add_rms_fwdbwd", "add_ln_fwdbwd", "rms_fp8", "ln_fp8", "rms_fp8_row", "ln_fp8_row",
-       "rms_fp8_group", "ln_fp8_group", "rms_fp8_group_t", "ln_fp8_group_t", "rms_fp8_current", "rms_fp8_current_t", "ln_fp8_current", "ln_fp8_current_t",
+       "rms_fp8_group", "ln_fp8_group", "rms_fp8_group_t", "ln_fp8_group_t", "rms_fp8_current", "rms_fp8_current_t",
+       "ln_fp8_current", "ln_fp8_current_t",
        "add_rms_fp8", "add_rms_fp8_row", "fp8in_rms", "fp8in_ln", "fp8in_rms_tensor",
        "rms_mxfp8", "ln_mxfp8", "rms_nvfp4", "ln_nvfp4", "rms_mxfp8_t", "ln_mxfp8_t", "rms_nvfp4_t", "ln_nvfp4_t",
        "add_rms_mxfp8_t"]
