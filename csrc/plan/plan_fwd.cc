@@ -255,8 +255,9 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
 // more than kMaxCluster CTAs would be needed; and the dynamic shared memory
 // a CTA takes: the slab's rows in x's dtype, in blocks of kTileCols columns
 // (the rows' fixed pitch), then gamma (and beta) as given, then the
-// exchange of the rows' sums (a round, a float a row and CTA of the cluster,
-// RMSNorm two; LayerNorm takes two rounds). cluster 0: no cut fits.
+// exchange of the rows' sums: two floats a row and CTA of the cluster
+// (RMSNorm one round of two, LayerNorm two rounds of one). cluster 0: no cut
+// fits.
 struct TileCut {
   int cluster = 0, width = 0;
   int64_t smem = 0;
@@ -271,7 +272,7 @@ TileCut tile_cut(const FwdProblem& p) {
   t.width = static_cast<int>(width);
   const bool layer = p.kind == NormKind::kLayer;
   const int64_t params = (layer ? 2 : 1) * width * size_of(p.param);
-  const int64_t sums = int64_t{layer ? 2 : 1} * t.cluster * kTileRows * (layer ? 1 : 2) * sizeof(float);
+  const int64_t sums = int64_t{t.cluster} * kTileRows * 2 * sizeof(float);
   t.smem = ceil_div(width, kTileCols) * kTileCols * kTileRows * size_of(p.x) + params + sums;
   return t;
 }
