@@ -619,24 +619,24 @@ def test_columnwise_sharded_jit_and_empty():
     assert qt.shape == (64, 0) and st.shape == (64, 0) and st.dtype == np.dtype(jnp.float8_e8m0fnu)
 
 
+# Lowering for the GPU (any machine) needs the CUDA module built.
+needs_cuda_module = pytest.mark.skipif(not jrn._ffi.cuda_built(), reason="the CUDA module is not built")
+
+
+@needs_cuda_module
 @pytest.mark.parametrize("call", [lambda x: jrn.rms_norm_mxfp8(x, transpose=True),
                                   lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=32, transpose=True)])
 def test_columnwise_lowers_for_gpu(call):
-    from jax_rmsnorm import _ffi
-    if not _ffi.cuda_built():
-        pytest.skip("the CUDA module is not built")
     x = jnp.ones((64, 64), jnp.bfloat16)
     text = jax.jit(call).trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert "jrn_rms_norm_fwd" in text
 
 
+@needs_cuda_module
 @pytest.mark.parametrize("group", [12, 96, 256])
 def test_columnwise_gpu_group_refused(group):
     """The GPU's columnwise kernel tiles 128 rows: blocks that do not divide
     them are refused when lowering for the GPU (the CPU takes them)."""
-    from jax_rmsnorm import _ffi
-    if not _ffi.cuda_built():
-        pytest.skip("the CUDA module is not built")
     call = lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=group, transpose=True)
     x = jnp.ones((768, 768), jnp.bfloat16)
     assert "jrn_rms_norm_fwd" in jax.jit(call).trace(x).lower(lowering_platforms=("cpu",)).as_text()
