@@ -835,8 +835,9 @@ def test_kernel_columnwise(kind, fmt, platform):
 # widths cut into one CTA (384), three of 960 columns (2880), four (4096) and
 # ten of 2048 (20480, past kMaxCluster CTAs of 1024); the scale rules of
 # groups of 16 and 32; parameters as float32, zero-centred or absent; two
-# tensors (vmap). RMSNorm bit for bit against y emulated from the kernel's
-# rstd, LayerNorm within a few ulps (as test_kernel_codes).
+# tensors (vmap); rows far from zero (offset: 150 times their spread). RMSNorm
+# bit for bit against y emulated from the kernel's rstd, LayerNorm within a
+# few ulps (as test_kernel_codes), its mean and rstd against float64.
 TILE_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "float": ("float32", 32, E4M3),
                 "pow2": ("pow2", 16, E5M2)}
 TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64, 384), {}),
@@ -845,7 +846,8 @@ TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64,
               ("mxfp8", (32, 20480), {}), ("nvfp4", (32, 20480), {"no_params": True}),
               ("mxfp8", (2, 32, 1024), {}), ("nvfp4", (2, 64, 512), {}),
               ("mxfp8", (64, 4096), {"residual": True}), ("nvfp4", (96, 2880), {"residual": True}),
-              ("pow2", (32, 20480), {"residual": True})]
+              ("pow2", (32, 20480), {"residual": True}),
+              ("mxfp8", (64, 4096), {"offset": 300.0}), ("nvfp4", (32, 20480), {"offset": -300.0, "residual": True})]
 
 
 def _tile_codes(fmt, y, block, g):
@@ -880,13 +882,13 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
                               zero_centered=zc, gamma=not no_params, beta=not no_params, residual=residual)
     assert plan.startswith("fwd_tiles"), plan
     key = case_key(("gpu_tiles", kind, fmt, shape, str(opts)))
-    x = random(key, shape, dtype, scale=2.0, offset=0.3)
+    x = random(key, shape, dtype, scale=2.0, offset=opts.get("offset", 0.3))
     # rows spread over binades, so that the columns' blocks differ
     x = x * jnp.exp2(jnp.round(random(key + 3, shape[:-1] + (1,), jnp.float32, scale=3.0))).astype(dtype)
     r = random(key + 4, shape, dtype) if residual else None
     xn = ref_add(x, r, dtype) if residual else x  # what is normalized: h
     gamma, beta = _params(kind, hidden, param, key, spread=6)
-    y64, _, rstd64 = ref_forward(kind, xn, gamma, beta, EPS[kind])
+    y64, mean64, rstd64 = ref_forward(kind, xn, gamma, beta, EPS[kind])
     g = np.float32(np.abs(y64).max() / (6 * 448))
     spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule,
                           transpose=True, residual=residual, h_dtype=np.dtype(dtype) if residual else None)
@@ -914,6 +916,9 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     bits = lambda a: a.view(np.uint32) if a.dtype == np.float32 else _bits(a)
     rs = rstd.astype(np.float32)[..., None]
     np.testing.assert_allclose(rs[..., 0], np.asarray(rstd64).reshape(rs.shape[:-1]), rtol=4e-6)
+    if kind == "layer":  # within a few float32 ulps of the row's mean |x|
+        err = np.abs(mean.astype(np.float64) - np.asarray(mean64).reshape(mean.shape))
+        assert (err <= 2.0 ** -21 * np.abs(f64(x)).mean(-1)).all(), err.max()
     s = 1.0 if no_params else np.asarray(gamma, np.float32)
     if zc and not no_params:
         s = s + np.float32(1)  # (only then: a gamma of -0 stays -0)

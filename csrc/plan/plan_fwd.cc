@@ -255,9 +255,8 @@ FwdPlan plan_packs(const FwdProblem& p, const Device& d, int vec, bool fp8_x) {
 // more than kMaxCluster CTAs would be needed; and the dynamic shared memory
 // a CTA takes: the slab's rows in x's dtype, in blocks of kTileCols columns
 // (the rows' fixed pitch), then gamma (and beta) as given, then the
-// exchange of the rows' sums: two floats a row and CTA of the cluster
-// (RMSNorm one round of two, LayerNorm two rounds of one). cluster 0: no cut
-// fits.
+// exchange of the rows' sums (two floats a row and CTA of the cluster).
+// cluster 0: no cut fits.
 struct TileCut {
   int cluster = 0, width = 0;
   int64_t smem = 0;

@@ -9,7 +9,8 @@
 // (q_t: a pair of lanes two columns, each lane half the rows, so that the
 // pair's stores fill whole 32-byte sectors). Both passes form y with
 // norm_value, so q and q_t code the same float32 values. Each CTA pushes its
-// rows' partial sums into every other CTA's shared memory (push_slot): no
+// rows' partial sums into every other CTA's shared memory (push_slot), once
+// (LayerNorm's around a shift that every CTA of the cluster finds alike): no
 // cluster barrier between the sums and the passes, no remote loads.
 //
 // The tile's rows have a fixed pitch of kTileCols columns (a CTA's columns
@@ -44,20 +45,21 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   constexpr int kWarps = kTileThreads / 32;
   static_assert(S == 32 && S % kWarps == 0, "fwd_tiles: a lane of the first warp copies each row");
   static_assert(VEC == 8, "fwd_tiles: 16-bit x (a pack of h is four words)");
-  constexpr int M = K == NormKind::kRms ? 2 : 1;  // a row's partials a round (RMSNorm: the sum and its scaled twin)
-  constexpr int kSlot = M * S;                      // a CTA's partials a round
+  // A CTA's partials: two floats a row (RMSNorm: the sum of squares and its
+  // scaled twin; LayerNorm: sum(d) and sum(d^2), d = x - the row's shift).
+  constexpr int kSlot = 2 * S;
   static_assert((kMaxCluster - 1) * kSlot / 4 <= kTileThreads, "fwd_tiles: a thread pushes 16 bytes of a slot");
   using Vec = Pack<T, VEC>;
   extern __shared__ uint4 dyn[];
   const int blocks = (width + W - 1) / W;  // blocks of S rows of W columns
   const int cluster = cluster_ctas();
-  constexpr int kRounds = K == NormKind::kLayer ? 2 : 1;  // of sums (LayerNorm: the mean, then the squares)
   constexpr int kParams = K == NormKind::kLayer ? 2 : 1;  // gamma (and beta)
   T* const tile = reinterpret_cast<T*>(dyn);                          // [blocks][S][W]: x
   P* const params = reinterpret_cast<P*>(tile + blocks * S * W);      // [kParams][width]: as given
-  float* const xchg = reinterpret_cast<float*>(params + kParams * width);  // [kRounds][cluster][kSlot]: row sums
+  float* const slots = reinterpret_cast<float*>(params + kParams * width);  // [cluster][kSlot]: row sums
   __shared__ alignas(16) float mean_of[S], rstd_of[S];
-  __shared__ alignas(8) uint64_t landed[2], pushed[2];  // x's rows, by half; the other CTAs' sums, by round
+  __shared__ float shift_of[S];                     // LayerNorm
+  __shared__ alignas(8) uint64_t landed[2], pushed;  // x's rows, by half; the other CTAs' sums
   // x of row r, column c (c % W + W <= the pitch: a pack or a column pair never straddles blocks).
   auto at = [&](int r, int c) { return tile + (c / W) * (S * W) + r * W + c % W; };
 
@@ -77,10 +79,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   if (threadIdx.x == 0) {
     mbar_init(&landed[0]);
     mbar_init(&landed[1]);
-    if (cluster > 1) {
-#pragma unroll
-      for (int i = 0; i < kRounds; ++i) arm_pushed<kSlot>(&pushed[i], cluster);
-    }
+    if (cluster > 1) arm_pushed<kSlot>(&pushed, cluster);
   }
   __syncthreads();
   if (cluster > 1) cluster_arrive_relaxed();  // (waited for before the first push)
@@ -98,6 +97,26 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     if (a.residual)
       bulk_prefetch_l2(static_cast<const T*>(a.residual) + (row0 + lane) * H + col0,
                        static_cast<unsigned>(n_cols * sizeof(T)));
+  }
+  // LayerNorm's shift of each row, the same in every CTA of the cluster: the
+  // median of the row's first, middle and last elements (of h, with a
+  // residual), loaded by lanes 3i, 3i + 1, 3i + 2 of the warp that takes the
+  // row in the sums (its i-th); the loads land while x's copies do.
+  if constexpr (K == NormKind::kLayer) {
+    static_assert(3 * (S / kWarps) <= 32, "fwd_tiles: a lane loads one element of a row's shift");
+    float e = 0.f;
+    if (lane < 3 * (S / kWarps)) {
+      const int64_t at_e = (row0 + warp + lane / 3 * kWarps) * H + (lane % 3 == 0 ? 0 : lane % 3 == 1 ? H / 2 : H - 1);
+      e = to_float(static_cast<const T*>(a.x)[at_e]);
+      if (a.residual) e = to_float(from_float<T>(e + to_float(static_cast<const T*>(a.residual)[at_e])));
+    }
+#pragma unroll
+    for (int i = 0; i < S / kWarps; ++i) {
+      const float m = median3(__shfl_sync(0xffffffffu, e, 3 * i), __shfl_sync(0xffffffffu, e, 3 * i + 1),
+                              __shfl_sync(0xffffffffu, e, 3 * i + 2));
+      if (lane == 0) shift_of[warp + i * kWarps] = m;
+    }
+    __syncwarp();
   }
   // The effective scale (gamma, 1 + gamma or 1) and shift (beta or 0) of N
   // columns from c (aligned to N), from the staged parameters.
@@ -117,7 +136,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
 
   // With a residual: h = x + residual, rounded to T, stored to a.h and in
   // place of x in the tile, so that everything below reads h. A warp takes
-  // the rows that it takes in the sums' first round, each lane the packs it
+  // the rows that it takes in the sums, each lane the packs it
   // takes there (no barrier between); a lane's loads of a block of a row are
   // in flight together (their rows were prefetched into L2 with x's copies).
   if (a.residual) {
@@ -163,47 +182,43 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       }
     }
   };
-  // One round of the rows' sums: a warp a row at a time; add(acc, v, r)
-  // takes a pack of row r, finish(acc, r) the thread's sums, which go to
-  // this CTA's slot of the round's exchange and are pushed to the other
-  // CTAs' (push_slot). The sums of every CTA, added in rank order (the same
-  // in every CTA), then reach thread r < S as total(sum, r).
-  auto round = [&](int which, auto add, auto finish, auto total) {
-    float* const slots = xchg + which * cluster * kSlot;
+  // The rows' sums: a warp a row at a time; add(acc, v, r) takes a pack of
+  // row r, finish(acc, r) the thread's sums, which go to this CTA's slot and
+  // are pushed to the other CTAs' (push_slot). The sums of every CTA, added
+  // in rank order (the same in every CTA), then reach thread r < S as
+  // total(sum, r).
+  auto sums = [&](auto add, auto finish, auto total) {
     for (int r = warp; r < S; r += kWarps) {
-      if (which == 0) second_half(r);
+      second_half(r);
       float acc[2] = {0.f, 0.f};
       for_packs(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
       finish(acc, r);
       warp_sum<2>(acc, 32);
-      if (lane == 0) {
-#pragma unroll
-        for (int m = 0; m < M; ++m) slots[rank * kSlot + M * r + m] = acc[m];
-      }
+      if (lane == 0) *reinterpret_cast<float2*>(slots + rank * kSlot + 2 * r) = make_float2(acc[0], acc[1]);
     }
     __syncthreads();
     if (cluster > 1) {
-      if (which == 0) cluster_wait();  // every CTA's mbarriers are armed
-      push_slot<kSlot>(slots + rank * kSlot, &pushed[which], cluster, rank);
+      cluster_wait();  // every CTA's mbarrier is armed
+      push_slot<kSlot>(slots + rank * kSlot, &pushed, cluster, rank);
     }
     if (threadIdx.x < S) {
       const int r = static_cast<int>(threadIdx.x);
-      if (cluster > 1) mbar_wait<true>(&pushed[which], 0);
+      if (cluster > 1) mbar_wait<true>(&pushed, 0);
       float sum[2] = {0.f, 0.f};
       for (int q = 0; q < cluster; ++q) {
-#pragma unroll
-        for (int m = 0; m < M; ++m) sum[m] += slots[q * kSlot + M * r + m];
+        const float2 part = *reinterpret_cast<const float2*>(slots + q * kSlot + 2 * r);
+        sum[0] += part.x;
+        sum[1] += part.y;
       }
       total(sum, r);
     }
     __syncthreads();
   };
-  auto no_finish = [](float(&)[2], int) {};
   if constexpr (K == NormKind::kRms) {
     // sum(x^2) and its scaled twin (scaled_sq_of: the row read again where
     // the squares overflowed).
-    round(
-        0, [](float(&acc)[2], const float(&v)[VEC], int) {
+    sums(
+        [](float(&acc)[2], const float(&v)[VEC], int) {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[0] += v[j] * v[j];
         },
@@ -219,25 +234,19 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           if (rank == 0) a.rstd[row0 + r] = rstd_of[r];
         });
   } else {
-    // The mean, then the squares of x less it (x is at hand: exact centring).
-    round(
-        0, [](float(&acc)[2], const float(&v)[VEC], int) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[0] += v[j];
-        },
-        no_finish, [&](const float(&sum)[2], int r) { mean_of[r] = sum[0] * inv_h; });
-    round(
-        1, [&](float(&acc)[2], const float(&v)[VEC], int r) {
-          const float mean = mean_of[r];
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[0] += (v[j] - mean) * (v[j] - mean);
-        },
-        no_finish, [&](const float(&sum)[2], int r) {
-          rstd_of[r] = rsqrtf(sum[0] * inv_h + a.eps);
-          if (rank == 0) a.mean[row0 + r] = mean_of[r], a.rstd[row0 + r] = rstd_of[r];
-        });
+    // sum(d) and sum(d^2), d = x - the row's shift, in one pass (as fwd_regs
+    // and fwd_slices): the shift lies among the row's values, so the squares
+    // keep the spread of rows far from zero.
+    sums([&](float(&acc)[2], const float(&v)[VEC], int r) { add_row_sums<K>(acc, v, shift_of[r]); },
+         [](float(&)[2], int) {},
+         [&](const float(&sum)[2], int r) {
+           const float2 mean_m2 = shifted_mean_m2_of(sum, shift_of[r], sum[0] * inv_h);
+           mean_of[r] = mean_m2.x;
+           rstd_of[r] = rsqrtf(mean_m2.y * inv_h + a.eps);
+           if (rank == 0) a.mean[row0 + r] = mean_of[r], a.rstd[row0 + r] = rstd_of[r];
+         });
   }
-  if (cluster > 1) cluster_arrive_relaxed();  // this CTA's exchanges are done (waited for before it exits)
+  if (cluster > 1) cluster_arrive_relaxed();  // this CTA's exchange is done (waited for before it exits)
 
   const int G = static_cast<int>(a.group_size);  // 16 or 32 (the plan)
   const Pow2Groups groups(G, VEC);
