@@ -134,42 +134,6 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   };
   mbar_wait(&landed[0], 0);
 
-  // With a residual: h = x + residual, rounded to T, stored to a.h and in
-  // place of x in the tile, so that everything below reads h. A warp takes
-  // the rows that it takes in the sums, each lane the packs it
-  // takes there (no barrier between); a lane's loads of a block of a row are
-  // in flight together (their rows were prefetched into L2 with x's copies).
-  if (a.residual) {
-    constexpr int kPacks = W / (32 * VEC);
-    const T* res = static_cast<const T*>(a.residual) + row0 * H + col0;
-    T* h = static_cast<T*>(a.h) + row0 * H + col0;
-    for (int r = warp; r < S; r += kWarps) {
-      second_half(r);
-      for (int c0 = 0; c0 < n_cols; c0 += W) {
-        const int n = min(W, n_cols - c0);
-        Vec rv[kPacks];
-#pragma unroll
-        for (int k = 0; k < kPacks; ++k) {
-          const int c = c0 + lane * VEC + k * 32 * VEC;
-          if (c - c0 < n) load_raw(res + r * H + c, rv[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < kPacks; ++k) {
-          const int c = c0 + lane * VEC + k * 32 * VEC;
-          if (c - c0 >= n) continue;
-          float v[VEC], w[VEC];
-          unpack<true>(*reinterpret_cast<const Vec*>(at(r, c)), v);
-          unpack<true>(rv[k], w);
-          uint32_t words[VEC / 2];
-#pragma unroll
-          for (int j = 0; j < VEC / 2; ++j) words[j] = pack2<T>(v[2 * j] + w[2 * j], v[2 * j + 1] + w[2 * j + 1]);
-          *reinterpret_cast<uint4*>(at(r, c)) = make_uint4(words[0], words[1], words[2], words[3]);
-          store_words(h + r * H + c, words);
-        }
-      }
-    }
-  }
-
   // Row r's packs that this lane takes (lanes along the row), each as floats.
   auto for_packs = [&](int r, auto&& f) {
     for (int c0 = 0; c0 < n_cols; c0 += W) {
@@ -178,6 +142,46 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       for (int c = lane * VEC; c < n; c += 32 * VEC) {
         float v[VEC];
         unpack<true>(*reinterpret_cast<const Vec*>(row + c), v);
+        f(v);
+      }
+    }
+  };
+  // The sums' pass over row r: for_packs, or with a residual the packs of
+  // h = x + residual, rounded to T, as they are formed; each is stored to
+  // a.h and in place of x in the tile, so that everything after reads h. A
+  // lane's residual loads of a block of the row are in flight together
+  // (their rows were prefetched into L2 with x's copies).
+  auto first_pass = [&](int r, auto&& f) {
+    if (!a.residual) {
+      for_packs(r, f);
+      return;
+    }
+    constexpr int kPacks = W / (32 * VEC);
+    const T* res = static_cast<const T*>(a.residual) + (row0 + r) * H + col0;
+    T* h = static_cast<T*>(a.h) + (row0 + r) * H + col0;
+    for (int c0 = 0; c0 < n_cols; c0 += W) {
+      const int n = min(W, n_cols - c0);
+      Vec rv[kPacks];
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int c = c0 + lane * VEC + k * 32 * VEC;
+        if (c - c0 < n) load_raw(res + c, rv[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int c = c0 + lane * VEC + k * 32 * VEC;
+        if (c - c0 >= n) continue;
+        float v[VEC], w[VEC];
+        unpack<true>(*reinterpret_cast<const Vec*>(at(r, c)), v);
+        unpack<true>(rv[k], w);
+        uint32_t words[VEC / 2];
+#pragma unroll
+        for (int j = 0; j < VEC / 2; ++j) {
+          words[j] = pack2<T>(v[2 * j] + w[2 * j], v[2 * j + 1] + w[2 * j + 1]);
+          widen2<T>(words[j], v[2 * j], v[2 * j + 1]);  // h as stored
+        }
+        *reinterpret_cast<uint4*>(at(r, c)) = make_uint4(words[0], words[1], words[2], words[3]);
+        store_words(h + c, words);
         f(v);
       }
     }
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     for (int r = warp; r < S; r += kWarps) {
       second_half(r);
       float acc[2] = {0.f, 0.f};
-      for_packs(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
+      first_pass(r, [&](const float(&v)[VEC]) { add(acc, v, r); });
       finish(acc, r);
       warp_sum<2>(acc, 32);
       if (lane == 0) *reinterpret_cast<float2*>(slots + rank * kSlot + 2 * r) = make_float2(acc[0], acc[1]);
