@@ -30,9 +30,11 @@ import jax_rmsnorm as jrn
 # 8x16384 split each row across a cluster of 8 CTAs. The block-scaled
 # outputs' columnwise copies take fwd_tiles at 128x2048 (clusters of two
 # CTAs), 96x16384 (of sixteen) and 64x20480 (ten CTAs of 2048 columns, each
-# holding two blocks of rows).
+# holding two blocks of rows). 768x768: fwd_columns' tiles of groups of 96
+# rows (whole groups short of 128) and of one group of 256.
 SHAPES = [(3, 1), (5, 127), (9, 1000), (4, 4096), (3, 12288), (2, 40001), (2, 65536), (5000, 64), (300, 4097),
-          (203, 136), (1, 2048), (128, 2048), (96, 16384), (128, 16384), (1, 8192), (8, 16384), (64, 20480)]
+          (203, 136), (1, 2048), (128, 2048), (96, 16384), (128, 16384), (1, 8192), (8, 16384), (64, 20480),
+          (768, 768)]
 # The persistent kernels (bwd_slices, fwd_slices: wide rows, and FP8 outputs)
 # with several rows per slot, so that each shared-memory stage is refilled and
 # waited on again (bf16); at 16384 the backward's clusters fold their dgamma
@@ -138,6 +140,9 @@ def block_scaled(x, r, g):
     if h % 16 == 0:
         calls += [lambda: jrn.layer_norm_nvfp4(x, g, g, global_scale=0.01, transpose=m % 16 == 0),
                   lambda: jrn.rms_norm_nvfp4(x, g, global_scale=0.01, residual=r)]
+    for gs in (96, 256):  # fwd_columns: groups that 128 rows do not hold
+        if h % gs == 0 and m % gs == 0:
+            calls.append(lambda gs=gs: jrn.rms_norm_fp8_groupwise(x, g, group_size=gs, transpose=True))
     for f in calls:
         jax.block_until_ready(f())
 

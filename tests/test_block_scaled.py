@@ -831,6 +831,50 @@ def test_kernel_columnwise(kind, fmt, platform):
     np.testing.assert_array_equal(_bits(pub[2]), qb)
 
 
+# fwd_columns' tiles hold whole groups of rows (the most in 128, or one
+# group); its threads take 32-row runs of a column, a group's parts meeting
+# in shared memory (groups of 64 and 256). Rows: two tiles and a group, so
+# that the last tile is short; columns: whole groups from 200 (a short last
+# chunk of 64 columns at 204, 200 and 288; single elements at 204).
+# The per-group output with float32 scales, RMSNorm: its y emulated from the
+# kernel's rstd, bit for bit (either order of the two products).
+@pytest.mark.parametrize("group", [12, 40, 64, 96, 256])
+def test_columnwise_group_sizes(platform, group):
+    from jax_rmsnorm import _primitives as prim
+
+    tile = group if group >= 128 else 128 // group * group
+    rows, hidden = 2 * tile + group, -(-200 // group) * group
+    key = case_key(("cols_groups", group))
+    x = random(key, (rows, hidden), jnp.bfloat16, scale=2.0, offset=0.3)
+    x = x * jnp.exp2(jnp.round(random(key + 3, (rows, 1), jnp.float32, scale=3.0))).astype(jnp.bfloat16)
+    gamma = random(key + 1, (hidden,), jnp.bfloat16, scale=0.5, offset=1.0)
+    spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(E4M3), group_size=group, group_scale="float32",
+                          transpose=True)
+
+    @jax.jit
+    def run(x, gamma, g):
+        q, _, rstd, _, qs, qt, qts = prim.norm_fwd_fused(
+            x, gamma, gamma, None, g, None, kind="rms", eps=EPS["rms"], zero_centered_gamma=False,
+            has_gamma=True, has_beta=False, fused=spec)
+        return qt, qts, rstd
+
+    args = put(platform, x, gamma, jnp.float32(1.0))
+    poison(platform, 16 * x.size + 4096)
+    qt, qts, rstd = (np.asarray(a) for a in run(*args))
+    assert qt.shape == (hidden, rows) and qts.shape == (hidden, rows // group)
+    rs = rstd.astype(np.float32)[:, None]
+    xf, gf = np.asarray(x, np.float32), np.asarray(gamma, np.float32)
+    got = (_bits(qt), qts.view(np.uint32))
+    wants = []
+    for y in ((xf * rs) * gf, (xf * gf) * rs):
+        wq, ws = _group_reference(y.T, E4M3, group, False)
+        wants.append((_bits(wq), ws.view(np.uint32)))
+    if not any(np.array_equal(got[0], wq) and np.array_equal(got[1], ws) for wq, ws in wants):
+        np.testing.assert_array_equal(got[1], wants[0][1])  # the usual order's differences, for the report
+        np.testing.assert_array_equal(got[0], wants[0][0])
+    assert len(np.unique(got[1])) > 2 and len(np.unique(got[0])) > 8
+
+
 # fwd_tiles: q and q_t from one read of x, a cluster a slab of 32 rows. The
 # widths cut into one CTA (384), three of 960 columns (2880), four (4096) and
 # ten of 2048 (20480, past kMaxCluster CTAs of 1024); the scale rules of
