@@ -338,18 +338,6 @@ def check_columnwise(x, block):
                          f"{x.shape}")
 
 
-GPU_COLUMNWISE_TILE_ROWS = 128  # rows a tile of the GPU's columnwise kernel: its blocks must divide them
-
-
-def check_columnwise_gpu(block):
-    """The GPU's columnwise copy takes blocks of rows that divide its tiles'
-    GPU_COLUMNWISE_TILE_ROWS (called when lowering for the GPU)."""
-    if GPU_COLUMNWISE_TILE_ROWS % block != 0:
-        sizes = [b for b in range(4, GPU_COLUMNWISE_TILE_ROWS + 1, 4) if GPU_COLUMNWISE_TILE_ROWS % b == 0]
-        raise ValueError(f"on the GPU the columnwise copy (transpose=True) takes a group_size that divides "
-                         f"{GPU_COLUMNWISE_TILE_ROWS} ({', '.join(map(str, sizes[:-1]))} or {sizes[-1]}), got {block}")
-
-
 def check_hidden_size(hidden_size, x):
     """The whole row's length, at least x's slice of it."""
     return check_size(hidden_size, "hidden_size", "the whole row's length, at least x's slice of it",

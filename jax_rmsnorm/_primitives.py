@@ -44,7 +44,6 @@ from jax.interpreters import batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from . import _ffi
-from ._checks import check_columnwise_gpu
 from ._compat import compiled_impl, require_devices_during_lowering, tensor_shape, varying_axes, varying_update
 
 RMS = "rms"
@@ -344,8 +343,6 @@ def _fwd_local(st, x, *rest):
         attrs["has_beta"] = st.has_beta
     fused = st.get("fused")
     if fused is not None:
-        if st.platform == "cuda" and fused.columnwise:
-            check_columnwise_gpu(fused.group_size)
         avals = [jax.core.ShapedArray(a.shape, a.dtype) for a in (x, *rest)]
         outs = _fwd_fused_abstract(*avals, kind=st.kind, fused=fused)
         attrs.update(has_residual=fused.residual, quant=np.int32(QUANT_CODES[fused.quant]),

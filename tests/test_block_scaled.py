@@ -632,19 +632,6 @@ def test_columnwise_lowers_for_gpu(call):
     assert "jrn_rms_norm_fwd" in text
 
 
-@needs_cuda_module
-@pytest.mark.parametrize("group", [12, 96, 256])
-def test_columnwise_gpu_group_refused(group):
-    """The GPU's columnwise kernel tiles 128 rows: blocks that do not divide
-    them are refused when lowering for the GPU (the CPU takes them)."""
-    call = lambda x: jrn.rms_norm_fp8_groupwise(x, group_size=group, transpose=True)
-    x = jnp.ones((768, 768), jnp.bfloat16)
-    assert "jrn_rms_norm_fwd" in jax.jit(call).trace(x).lower(lowering_platforms=("cpu",)).as_text()
-    with pytest.raises(ValueError, match=f"on the GPU the columnwise copy \\(transpose=True\\) takes a group_size "
-                                         f"that divides 128 \\(4, 8, 16, 32, 64 or 128\\), got {group}"):
-        jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
-
-
 # ---------------------------------------------------------------------------
 # GPU: the CUDA kernels' codes and scales, from the kernel's own statistics
 
