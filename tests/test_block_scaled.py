@@ -866,7 +866,8 @@ def test_columnwise_group_sizes(platform, group):
 # widths cut into one CTA (384), three of 960 columns (2880), four (4096) and
 # ten of 2048 (20480, past kMaxCluster CTAs of 1024); the scale rules of
 # groups of 16 and 32; parameters as float32, zero-centred or absent; two
-# tensors (vmap); rows far from zero (offset: 150 times their spread). RMSNorm
+# tensors (vmap); LayerNorm's rows far from zero (offset: 150 times their
+# spread; RMSNorm's y would be nearly constant there, its codes too). RMSNorm
 # bit for bit against y emulated from the kernel's rstd, LayerNorm within a
 # few ulps (as test_kernel_codes), its mean and rstd against float64.
 TILE_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "float": ("float32", 32, E4M3),
@@ -895,7 +896,8 @@ def _tile_codes(fmt, y, block, g):
 # (LayerNorm's float32 scales follow y's max to the ulp: only RMSNorm's y,
 # emulated exactly, can check them.)
 @pytest.mark.parametrize("kind,fmt,shape,opts", [(k, *c) for k in KINDS for c in TILE_CASES
-                                                 if not (k == "layer" and c[0] == "float")],
+                                                 if not (k == "layer" and c[0] == "float")
+                                                 and not (k == "rms" and "offset" in c[2])],
                          ids=lambda v: str(v).replace(" ", ""))
 @pytest.mark.parametrize("platform", ["gpu"])
 def test_kernel_tiles(kind, fmt, shape, opts, platform):
