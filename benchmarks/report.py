@@ -319,12 +319,13 @@ def ab_tables(ab_dir):
                 f"(before → after, change).", ""]
         shapes = sorted({k[1:] for k in cells if k[0] in PLAIN}, key=lambda k: (k[0] != "bfloat16", k[1:3], int(k[3].split("x")[1])))
         head = ["x, params, options, shape"] + list(PLAIN.values())
-        out += _table(head, [[" ".join(filter(None, k))] + [change((op,) + k) if (op,) + k in cells else ""
-                                                            for op in PLAIN] for k in shapes])
+        if shapes:
+            out += _table(head, [[" ".join(filter(None, k))] + [change((op,) + k) if (op,) + k in cells else ""
+                                                                for op in PLAIN] for k in shapes])
         others = sorted(k for k in cells if k[0] not in PLAIN)
         if others:
             pairs = [others[i:i + 2] for i in range(0, len(others), 2)]
-            out += [""] + _table(["op", "change", "op", "change"],
+            out += ([""] if shapes else []) + _table(["op", "change", "op", "change"],
                                  [sum(([f"{k[0]} {k[4]}", change(k)] for k in p), []) + ["", ""] * (2 - len(p))
                                   for p in pairs])
     return ["", "## A/B comparisons"] + out if out else []
