@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(kColumnThreads) fwd_columns(FwdArgs a, int til
     for (int g0 = first; g0 < last; g0 += step) {
       float gm = 0.f;
       if (parts > 1) {
-        for (int p = k / parts * parts; p < (k / parts + 1) * parts; ++p) gm = max_abs(gm, run_max[p * kColumnTileCols + c]);
+        for (int p = k / parts * parts; p < (k / parts + 1) * parts; ++p)
+          gm = max_abs(gm, run_max[p * kColumnTileCols + c]);
       } else {
         gm = max_of(c, g0, g0 + G);
       }
@@ -162,7 +163,8 @@ ffi::Error launch_columns(cudaStream_t stream, const FwdArgs& a) {
   const bool nvfp4 = a.group_scale == GroupScale::kNvfp4;
   if (a.group_size % (nvfp4 ? 8 : 4) != 0 || a.group_size > kColumnMaxGroup)
     return ffi::Error::InvalidArgument(
-        "jax_rmsnorm: fwd_columns needs groups of a multiple of 4 rows (8 for NVFP4), at most 256");
+        "jax_rmsnorm: fwd_columns needs groups of a multiple of 4 rows (8 for NVFP4), at most " +
+        std::to_string(kColumnMaxGroup));
   const int g = static_cast<int>(a.group_size);
   const int64_t tile_rows = column_tile_rows(g);
   const int64_t tiles = (a.rows_per_tensor() + tile_rows - 1) / tile_rows;
