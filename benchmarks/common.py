@@ -72,11 +72,14 @@ def rel_err(a, b):
 # timers
 
 
-def median_seconds(calls, iters, reps):
+def median_seconds(calls, iters, reps, wait_all=False):
     """Median over reps of the seconds per call of each of ``calls`` (each
     ``call(i)``), timing iters calls back to back. The calls are timed in turn
     within every repetition, so that a machine's drift over a run falls on
-    all of them alike rather than into their comparison."""
+    all of them alike rather than into their comparison. The timing waits for
+    the last call's output, which on one stream means every call's; calls
+    that may run on several streams (device-to-device copies) need
+    ``wait_all``, which keeps every output and waits for them all."""
     for call in calls:
         jax.block_until_ready(call(0))  # compile
         for i in range(2):  # warm-up
@@ -85,9 +88,12 @@ def median_seconds(calls, iters, reps):
     for _ in range(reps):
         for k, call in enumerate(calls):
             t0 = time.perf_counter()
+            outs = []
             for i in range(iters):
                 out = call(i)
-            jax.block_until_ready(out)
+                if wait_all:
+                    outs.append(out)
+            jax.block_until_ready(outs if wait_all else out)
             times[k].append((time.perf_counter() - t0) / iters)
     return [statistics.median(ts) for ts in times]
 
@@ -112,27 +118,30 @@ def rotated(fn, arg_sets):
     return lambda i: fn(*arg_sets[i % len(arg_sets)])
 
 
-def bench(fn, arg_sets, iters, reps, one_program=True):
+def bench(fn, arg_sets, iters, reps, one_program=True, wait_all=False):
     """Median seconds per application of fn over the rotated input sets.
 
     one_program=True (the default): each timed call is one jit that applies fn
     once to every input set, one after the other, as ops run inside a model's
     program; the time per application is the call's time over the number of
     sets, and host dispatch between executables stays out of it.
-    one_program=False times one call per set."""
+    one_program=False times one call per set (``wait_all``: median_seconds)."""
     if one_program:
         multi = jax.jit(lambda sets: [fn(*a) for a in sets])
         return median_seconds([lambda i: multi(arg_sets)], iters, reps)[0] / len(arg_sets)
-    return median_seconds([rotated(fn, arg_sets)], iters, reps)[0]
+    return median_seconds([rotated(fn, arg_sets)], iters, reps, wait_all)[0]
 
 
 def copy_seconds(xs, dev, iters, reps):
     """The copy reference: the faster of XLA's x -> -x and a device-to-device
-    copy of the buffer (device_put with may_alias=False), seconds per call."""
+    copy of the buffer (device_put with may_alias=False), seconds per call.
+    The copies are timed to the end of every one of them: the runtime may
+    spread them over several streams, where waiting for the last one alone
+    left others running (copy rates above the memory's peak)."""
     t = bench(lambda x: -x, [(x,) for x in xs], iters, reps)
     try:
         memcpy = lambda x: jax.device_put(x, dev, may_alias=False)
-        t = min(t, bench(memcpy, [(x,) for x in xs], iters, reps, one_program=False))
+        t = min(t, bench(memcpy, [(x,) for x in xs], iters, reps, one_program=False, wait_all=True))
     except TypeError:  # older JAX without may_alias
         pass
     return t
