@@ -47,24 +47,24 @@ plan::BwdProblem bwd_problem(const BwdArgs& a) {
 }
 
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
+// Both are launched early: each waits in bwd_reduce for the kernel before it,
+// so its launch overlaps that kernel's tail (docs/tuning.md, early-launch).
 template <class P, int CV>
 ffi::Error reduce_slots(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
   const unsigned tiles = static_cast<unsigned>(ceil_div(a.shape.hidden, kReduceLanes * CV));
   const unsigned groups = static_cast<unsigned>(a.shape.groups), outs = static_cast<unsigned>(a.param_outputs());
   const dim3 block(kReduceLanes, kReduceSplit);
-  int64_t rows = l.used;
-  if (rows > kReduceRows) {  // first pass: parts of kReduceRows slots
-    const int64_t parts = ceil_div(rows, kReduceRows);
-    if (parts * outs > 65535) return ffi::Error::Internal("jax_rmsnorm: too many backward slots");
-    bwd_reduce<P, CV><<<dim3(tiles, groups, static_cast<unsigned>(parts * outs)), block, 0, stream>>>(
-        a, l, ReduceStep{kReduceRows, 1, kReduceRows, l.used, false});
-    JRN_RETURN_IF_ERROR(check_launch("bwd_reduce"));
-    bwd_reduce<P, CV><<<dim3(tiles, groups, outs), block, 0, stream>>>(
-        a, l, ReduceStep{0, kReduceRows, parts, l.used, true});
-  } else {
-    bwd_reduce<P, CV><<<dim3(tiles, groups, outs), block, 0, stream>>>(a, l, ReduceStep{0, 1, rows, l.used, true});
-  }
-  return check_launch("bwd_reduce");
+  auto launch = [&](dim3 grid, ReduceStep s) {
+    return launch_early(bwd_reduce<P, CV>, grid, block, stream, "bwd_reduce", a, l, s);
+  };
+  const int64_t rows = l.used;
+  if (rows <= kReduceRows) return launch(dim3(tiles, groups, outs), ReduceStep{0, 1, rows, l.used, true});
+  // First pass: parts of kReduceRows slots, each summed into its first row.
+  const int64_t parts = ceil_div(rows, kReduceRows);
+  if (parts * outs > 65535) return ffi::Error::Internal("jax_rmsnorm: too many backward slots");
+  JRN_RETURN_IF_ERROR(launch(dim3(tiles, groups, static_cast<unsigned>(parts * outs)),
+                             ReduceStep{kReduceRows, 1, kReduceRows, l.used, false}));
+  return launch(dim3(tiles, groups, outs), ReduceStep{0, kReduceRows, parts, l.used, true});
 }
 
 // dgamma/dbeta from what the dx kernel left: the slots' partial rows (`l`),

@@ -29,6 +29,7 @@ struct ReduceStep {
 template <class P, int CV>
 __global__ void __launch_bounds__(kReduceLanes* kReduceSplit) bwd_reduce(BwdArgs a, SlotLayout l, ReduceStep s) {
   __shared__ float part[kReduceSplit][CV][kReduceLanes + 1];
+  early_launch_wait();  // launched early (reduce_slots): the slots are the previous kernel's
   const int64_t H = a.shape.hidden;
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kReduceLanes + threadIdx.x) * CV;
   const int outs = a.param_outputs();

@@ -161,35 +161,18 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
     };
     prefetch(slot, 0);
-    // The row's statistics are loaded a row ahead, as its x and dy are: loaded
-    // after the stage's wait, every warp waited a memory round trip a row for
-    // them before its first sum. Not RMSNorm's rows of at most 1024 columns
-    // a CTA (one warp in 16-bit, two in float32), which load them after the
-    // wait (docs/tuning.md, bwd-slices-stats-ahead).
-    const bool ahead = K == NormKind::kLayer || static_cast<int>(blockDim.x) * VEC * kSliceItems > 1024;
-    float rstd_next = 0.f, mean_next = 0.f;
-    auto load_stats = [&](int64_t r) {
-      if (r < rpg) {
-        rstd_next = a.rstd[row0 + r];
-        if constexpr (K == NormKind::kLayer) mean_next = a.mean[row0 + r];
-      }
-    };
-    if (ahead) load_stats(slot);
     int st = 0;
     for (int64_t r = slot; r < rpg; r += l.used, st ^= 1) {
       if constexpr (EARLY) {
         __syncthreads();  // every thread is done with the previous row's stage
         prefetch(r + l.used, st ^ 1);
       }
-      float rstd = rstd_next, mean = mean_next;
-      if (ahead) load_stats(r + l.used);
       if (slice_bytes > 0) ring.wait(st);
-      if (!ahead) {
-        load_stats(r);
-        rstd = rstd_next;
-        mean = mean_next;
-      }
+      // The row's statistics after the wait: loaded a row ahead, as x and dy
+      // are, the rows took longer (docs/tuning.md, bwd-slices-stats).
       const int64_t row = row0 + r;
+      const float rstd = a.rstd[row];
+      const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
       // The residual's gradient for this row, loaded now so that it arrives
       // during the row reduction rather than between the stores of dx.
       Vec dhr[kSliceItems];
