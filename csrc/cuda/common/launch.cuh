@@ -153,8 +153,9 @@ inline bool early_launch_enabled() {
 
 // Launches `kernel`, which calls early_launch_wait() as described above, with
 // programmatic dependent launch where early_launch_enabled(): in XLA's CUDA
-// graphs it shortens the gap between two of our decode-time kernels (not
-// between ours and XLA's; docs/tuning.md, early-launch).
+// graphs it shortens the gap between two of our kernels, such as a dx kernel
+// and bwd_reduce after it (not between ours and XLA's; docs/tuning.md,
+// early-launch).
 // With `cluster` > 1 (a device with clusters, at most 8, dividing grid.x) the
 // launch also takes thread block clusters of that many CTAs along x.
 template <class... Params, class... Args>
