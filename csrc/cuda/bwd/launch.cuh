@@ -47,8 +47,8 @@ plan::BwdProblem bwd_problem(const BwdArgs& a) {
 }
 
 // Adds the slots' partial rows into dgamma/dbeta (one or two launches).
-// Both are launched early: each waits in bwd_reduce for the kernel before it,
-// so its launch overlaps that kernel's tail (docs/tuning.md, early-launch).
+// Each launch is early: bwd_reduce waits for the kernel before it, so the
+// launch overlaps that kernel's tail (docs/tuning.md, early-launch).
 template <class P, int CV>
 ffi::Error reduce_slots(cudaStream_t stream, const BwdArgs& a, SlotLayout l) {
   const unsigned tiles = static_cast<unsigned>(ceil_div(a.shape.hidden, kReduceLanes * CV));
