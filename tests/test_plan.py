@@ -1,7 +1,8 @@
 """The CUDA launch plans (csrc/plan), pinned.
 
 Which kernel, in which configuration, takes each problem of a grid on an H100
-(132 SMs, compute capability 9.0) and an A100 (108 SMs, 8.0): a routing change
+(132 SMs, compute capability 9.0), an H200 (the same, with faster memory) and
+an A100 (108 SMs, 8.0): a routing change
 shows up as a change of tests/golden/plans_<device>.txt in review. The plans
 are plain C++ in the CPU module, so this runs everywhere. After an intended
 routing change, regenerate the files and review their diff:

@@ -83,14 +83,17 @@ for step in "$@"; do
         python3 benchmarks/bench_norm.py --zero-centered --hidden 4096 16384 --ops rms_fwd rms_bwd
         python3 benchmarks/bench_norm.py --rows 1 16 256 --hidden 4096 8192 --ops rms_fwd rms_bwd ln_fwd ln_bwd --iters 400 --reps 11
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
-    sanitize|memcheck|racecheck)  # one process per shape (see tests/sanitize.py)
+    sanitize|memcheck|racecheck)  # one process per shape (see tests/sanitize.py), SAN_JOBS at a time
+      # (default 1). Each line is printed as its shape ends, so a call cut off at its limit keeps the
+      # finished ones; SAN_SHAPES="a b" runs those shapes only. The logs are tarred into $OUT.
       tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
+      mkdir -p /tmp/sanitize
       for tool in $tools; do
-        for shape in $(python3 tests/sanitize.py --list); do
-          XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
-            python3 tests/sanitize.py "$shape" > "$OUT/${tool}_$shape.log" 2>&1
-          echo "$tool $shape exit $? $(grep -h 'SUMMARY' "$OUT/${tool}_$shape.log")"
-        done
-      done ;;
+        for shape in ${SAN_SHAPES:-$(python3 tests/sanitize.py --list)}; do echo "$tool $shape"; done
+      done | XLA_PYTHON_CLIENT_ALLOCATOR=platform xargs -P "${SAN_JOBS:-1}" -L 1 sh -c \
+        'timeout 300 compute-sanitizer --tool $0 --error-exitcode 9 python3 tests/sanitize.py $1 \
+           > /tmp/sanitize/$0_$1.log 2>&1; echo "$0 $1 exit $? $(grep -h SUMMARY /tmp/sanitize/$0_$1.log)"' |
+        tee "$OUT/sanitize.txt"
+      tar czf "$OUT/sanitize_logs.tgz" -C /tmp sanitize ;;
   esac
 done

@@ -135,7 +135,8 @@ std::string describe(const BwdPlan& p) {
     case BwdKernel::kRegs: name = "bwd_regs"; break;
     case BwdKernel::kSlices:
       name = "bwd_slices";
-      config = std::string(p.early ? "early" : "late") + (p.whole ? ",whole" : "");
+      config = std::string(p.early ? "early" : "late") + (p.whole ? ",whole" : "") +
+               (p.stats_ahead ? ",stats_ahead" : "");
       break;
     case BwdKernel::kStream: name = "bwd_stream"; break;
     case BwdKernel::kUnaligned: name = "bwd_unaligned"; break;

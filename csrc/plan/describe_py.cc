@@ -61,6 +61,7 @@ Device device_of(const nb::dict& d) {
   dev.cc_major = static_cast<int>(get(d, "cc_major", 0));
   dev.cc_minor = static_cast<int>(get(d, "cc_minor", 0));
   dev.smem_optin = get(d, "smem_optin", 0);
+  dev.dram_gbps = static_cast<int>(get(d, "dram_gbps", 0));
   if (dev.sms < 1 || dev.cc_major < 1) throw std::invalid_argument("device needs sms and cc_major");
   return dev;
 }

@@ -82,6 +82,7 @@ inline constexpr int kSliceThreads = 512;
 inline constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSliceItems;
 inline constexpr int64_t kRegVecs = 64;  // rows of at most this many packs stay in bwd_regs
 inline constexpr int kFold = 2;          // bwd_slices' CTAs folding their dgamma sums into one slot
+inline constexpr int kStatsAheadGbps = 4000;  // DRAM bandwidth from which bwd_slices' late instance loads stats ahead
 inline constexpr int kDecodeMaxThreads = 1024;
 inline constexpr int kDecodeColUnroll = 2;
 inline constexpr int64_t kDecodeMaxRows = 192;
@@ -146,6 +147,7 @@ struct Device {
   int cc_major = 0;       // compute capability
   int cc_minor = 0;
   int64_t smem_optin = 0;  // shared memory a CTA may opt in to, bytes
+  int dram_gbps = 0;       // peak DRAM bandwidth, GB/s (0: unknown)
   bool clusters() const { return cc_major >= 9; }  // thread block clusters, bulk copies (sm_90+)
 };
 
@@ -472,6 +474,7 @@ struct BwdPlan {
   int64_t slots = 0;     // slots walking the rows (before the persistent kernels' own bound)
   bool early = false;    // bwd_slices' EARLY instance
   bool whole = false;    // bwd_slices' WHOLE instance
+  bool stats_ahead = false;  // bwd_slices: a row's rstd/mean loaded a row ahead (bwd-slices-stats)
   bool direct = false;   // bwd_decode: the one row writes dgamma/dbeta itself
   int splits = 0;        // bwd_decode: the column tiles' rows of threads
   int64_t tiles = 0;     // bwd_decode: CTAs summing dgamma/dbeta by columns

@@ -77,7 +77,7 @@ int slices_cluster(const BwdKey& k, int64_t nvec) {
   return split ? 2 * cluster : cluster;
 }
 
-void plan_slices(BwdPlan& plan, const BwdProblem& p, int64_t nvec) {
+void plan_slices(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device& d) {
   const BwdKey& k = plan.key;
   plan.kernel = BwdKernel::kSlices;
   plan.rule = "bwd-cluster-split";
@@ -93,6 +93,10 @@ void plan_slices(BwdPlan& plan, const BwdProblem& p, int64_t nvec) {
                (k.kind == NormKind::kRms && k.narrow() && tpr == 192);
   if (plan.early) plan.rule = "bwd-slices-early";
   plan.whole = plan.early && fills_threads(nvec, k.vec, p.hidden, plan.cluster, tpr, kSliceItems);
+  // The late instance on fast memory loads a row's statistics a row ahead,
+  // but not RMSNorm's CTAs of at most 1024 columns (bwd-slices-stats).
+  plan.stats_ahead = !plan.early && d.dram_gbps >= kStatsAheadGbps &&
+                     (k.kind == NormKind::kLayer || static_cast<int64_t>(tpr) * kSliceItems * k.vec > 1024);
   // One CTA of more than half of kSliceThreads a row (one an SM): clusters
   // of kFold CTAs fold their column sums into one workspace row.
   plan.fold = plan.cluster == 1 && tpr > kSliceThreads / 2 && p.slots > 0 && p.param_outputs > 0 && p.slots >= kFold
@@ -176,7 +180,7 @@ BwdPlan plan_packs(const BwdProblem& p, const Device& d, int vec) {
     plan.rows_per_cta = static_cast<int>(std::min<int64_t>(rows_per_cta(plan.threads, kBlockThreads), plan.slots));
     plan.ctas = plan.rows_per_cta > 0 ? plan.slots / plan.rows_per_cta : 0;
   } else if (slices) {
-    plan_slices(plan, p, nvec);
+    plan_slices(plan, p, nvec, d);
   } else {
     plan.kernel = BwdKernel::kStream;
     plan.rule = "bwd-stream";

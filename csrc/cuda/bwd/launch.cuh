@@ -125,7 +125,7 @@ ffi::Error run_slices(cudaStream_t stream, const BwdArgs& a, const plan::BwdPlan
     l->used = clusters * p.fold;  // slots walking the rows
     JRN_RETURN_IF_ERROR(launch_clustered(
         kernel, dim3(static_cast<unsigned>(clusters * hw), static_cast<unsigned>(a.shape.groups)), dim3(p.threads),
-        smem, stream, hw, "bwd_slices", a, *l, p.cluster, p.fold));
+        smem, stream, hw, "bwd_slices", a, *l, p.cluster, p.fold, p.stats_ahead));
     l->used = clusters;  // workspace rows written
     return ffi::Error::Success();
   } else {

@@ -78,7 +78,8 @@ __device__ __forceinline__ void fold_sums(const BwdArgs& a, SlotLayout l, const 
 // WHOLE: every CTA's slice is whole packs inside the row (launch_bwd_slices
 // checks), so no pack tests whether it is in the row.
 template <NormKind K, class T, class P, int VEC, bool EARLY, bool WHOLE = false>
-__global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold) {
+__global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayout l, int cluster, int fold,
+                                                            bool stats_ahead) {
 #ifdef JRN_NO_CLUSTERS
   __trap();  // sm_90+ only (bulk copies, clusters): the plans send nothing older here
 #else
@@ -161,18 +162,33 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
       }
     };
     prefetch(slot, 0);
+    // The row's statistics, loaded after the wait for its stage, or (the
+    // plan's stats_ahead, late instances only) a row ahead as x and dy are:
+    // which is faster depends on the memory (docs/tuning.md, bwd-slices-stats).
+    const bool ahead = !EARLY && stats_ahead;
+    float rstd_next = 0.f, mean_next = 0.f;
+    auto load_stats = [&](int64_t r) {
+      if (r < rpg) {
+        rstd_next = a.rstd[row0 + r];
+        if constexpr (K == NormKind::kLayer) mean_next = a.mean[row0 + r];
+      }
+    };
+    if (ahead) load_stats(slot);
     int st = 0;
     for (int64_t r = slot; r < rpg; r += l.used, st ^= 1) {
       if constexpr (EARLY) {
         __syncthreads();  // every thread is done with the previous row's stage
         prefetch(r + l.used, st ^ 1);
       }
+      float rstd = rstd_next, mean = mean_next;
+      if (ahead) load_stats(r + l.used);
       if (slice_bytes > 0) ring.wait(st);
-      // The row's statistics after the wait: loaded a row ahead, as x and dy
-      // are, the rows took longer (docs/tuning.md, bwd-slices-stats).
+      if (!ahead) {
+        load_stats(r);
+        rstd = rstd_next;
+        mean = mean_next;
+      }
       const int64_t row = row0 + r;
-      const float rstd = a.rstd[row];
-      const float mean = K == NormKind::kLayer ? a.mean[row] : 0.f;
       // The residual's gradient for this row, loaded now so that it arrives
       // during the row reduction rather than between the stores of dx.
       Vec dhr[kSliceItems];

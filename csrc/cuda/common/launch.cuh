@@ -41,6 +41,10 @@ inline plan::Device this_device() {
   d.cc_major = std::max(device_attribute<cudaDevAttrComputeCapabilityMajor>(), 0);
   d.cc_minor = std::max(device_attribute<cudaDevAttrComputeCapabilityMinor>(), 0);
   d.smem_optin = std::max(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(), 0);
+  // Double data rate: two transfers a clock (kHz) of the bus (bits).
+  const int64_t khz = device_attribute<cudaDevAttrMemoryClockRate>();
+  const int64_t bits = device_attribute<cudaDevAttrGlobalMemoryBusWidth>();
+  d.dram_gbps = khz > 0 && bits > 0 ? static_cast<int>(2 * khz * bits / 8 / 1000000) : 0;
   return d;
 }
 
