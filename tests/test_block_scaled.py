@@ -682,6 +682,21 @@ def _assert_kernel_codes(codes, qb, sb, yk, block, exact, delta=None):
 GPU_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "pow2": ("pow2", 128, E4M3)}
 
 
+# The block formats' group sizes are constants of the kernels (and of the
+# public functions): the FFI refuses a primitive call with another size.
+@pytest.mark.parametrize("rule, block, codes", [("e8m0", 64, E4M3), ("nvfp4", 32, E2M1)], ids=["e8m0", "nvfp4"])
+def test_block_formats_refuse_other_group_sizes(rule, block, codes, platform):
+    from jax_rmsnorm import _primitives as prim
+
+    spec = prim.FusedSpec(quant="group", out_dtype=np.dtype(codes), group_size=block, group_scale=rule)
+    dev = jax.devices(platform)[0]
+    x, g = (jax.device_put(a, dev) for a in (jnp.ones((4, 256), jnp.bfloat16), jnp.ones((256,), jnp.bfloat16)))
+    with pytest.raises(Exception, match="MXFP8 takes groups of 32, NVFP4 groups of 16"):
+        out = prim.norm_fwd_fused(x, g, g, None, jax.device_put(jnp.float32(1), dev), None, kind="rms", eps=1e-6,
+                                  zero_centered_gamma=False, has_gamma=True, has_beta=False, fused=spec)
+        jax.block_until_ready(out)
+
+
 # fwd_regs, fwd_slices (one-warp CTAs, held parameters, held y, wide rows),
 # fwd_stream (float32 at 262144): describe_plan says which takes each.
 @pytest.mark.parametrize("shape", [(37, 256), (8, 4096), (3, 12288), (600, 1024), (16, 65536), (4, 262144)], ids=str)

@@ -187,11 +187,12 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], c
 
 // A group's codes of N values of y at element `idx` of the codes at `q`
 // (FP8 or NVFP4 by the rule): q, or the columnwise copy q_t.
-template <int N>
+// kRule >= 0: the rule fixed at compile time (a GroupScale), else a.group_scale's.
+template <int N, int kRule = -1>
 __device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64_t idx, float (&y)[N],
                                             const GroupGlobal& global, const GroupCode& c) {
   uint8_t* q = static_cast<uint8_t*>(codes);
-  if (a.group_scale == GroupScale::kNvfp4) {
+  if ((kRule >= 0 ? static_cast<GroupScale>(kRule) : a.group_scale) == GroupScale::kNvfp4) {
     if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, global, c);  // odd N never: callers pair elements
   } else if (c.finite) {
     store_q<N>(q + idx, a.fp8, y, c.mul);
@@ -200,10 +201,10 @@ __device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64
     for (int j = 0; j < N; ++j) q[idx + j] = static_cast<uint8_t>(fp8_nan_code(a.fp8));
   }
 }
-template <int N>
+template <int N, int kRule = -1>
 __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], const GroupGlobal& global,
                                             const GroupCode& c) {
-  store_codes<N>(a, a.y, idx, y, global, c);
+  store_codes<N, kRule>(a, a.y, idx, y, global, c);
 }
 
 // The scale of group `index` (of a row-major rows x hidden / group_size grid)
@@ -211,10 +212,11 @@ __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float
 // threads sharing a group); returns the group's coding. kFloat and kPow2 keep
 // float32 scales (quant_scale, then pow2_ceil_scale); the block formats a byte each.
 // `scales`: q's (group_scales), or q_t's.
+template <int kRule = -1>
 __device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
                                                  const GroupGlobal& global, bool store = true) {
   GroupCode c;
-  switch (a.group_scale) {
+  switch (kRule >= 0 ? static_cast<GroupScale>(kRule) : a.group_scale) {
     case GroupScale::kE8M0: {
       const uint8_t e = mxfp8_scale(gm, a.fp8, c);
       if (store) static_cast<uint8_t*>(scales)[index] = e;

@@ -514,7 +514,6 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
         } else if constexpr (per_group(Q)) {
           // A group is lane_mask + 1 consecutive threads (a power of two of at
           // most 32, and a CTA's slice a whole number of groups): its max by shuffles.
-          const Pow2Groups groups(a.group_size, VEC);
           // kGroup's RMSNorm: y = rstd * (x * gamma) with rstd > 0 common to
           // the row, so the group's max is rstd * max |x * gamma| and q = (x *
           // gamma) * (rstd / scale): rstd a pack, not an element. (rstd / scale
@@ -524,31 +523,55 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // lane of a group takes it, each pack; docs/tuning.md, quant-rcp).
           // kBlock's rules (block_scale.cuh) code y itself, rstd applied first
           // (the codes are those of y's float32 values).
+          // Each block rule's items run in a loop of its own, the rule (and
+          // MXFP8's and NVFP4's group size) a compile-time constant there: no
+          // switch on the rule and no chain of shuffles by the group's lanes
+          // an item (docs/tuning.md, block-rule-loops). kRule < 0: kGroup's.
           constexpr bool kLateRstd = K == NormKind::kRms && Q == Quant::kGroup;
           [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
+          auto items = [&](auto rule) {
+            constexpr int kRule = decltype(rule)::value;
+            constexpr int kFixedGroup = kRule == static_cast<int>(GroupScale::kNvfp4)  ? kNvfp4Block
+                                        : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
+                                                                                        : 0;
+            const Pow2Groups groups(kFixedGroup > 0 ? kFixedGroup : a.group_size, VEC);
 #pragma unroll
-          for (int i = 0; i < kSliceItems; ++i) {
-            float v[VEC];
-            if constexpr (HOLD_Y) {
-              held_y(i, kLateRstd ? 1.f : rstd, v);
-            } else {
-              y_by(i, v, kLateRstd ? 1.f : rstd);
-            }
-            float gm = 0.f;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
-            gm = groups.max_over_lanes(gm);
-            if constexpr (kLateRstd) gm *= rstd;
-            if (in[i]) {
-              if constexpr (Q == Quant::kGroup) {
-                const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-                store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
-                if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+            for (int i = 0; i < kSliceItems; ++i) {
+              float v[VEC];
+              if constexpr (HOLD_Y) {
+                held_y(i, kLateRstd ? 1.f : rstd, v);
               } else {
-                const GroupCode code = group_scale(a, scales, groups.index(out + local(i)), gm, global, groups.leader());
-                store_group<VEC>(a, out + local(i), v, global, code);
+                y_by(i, v, kLateRstd ? 1.f : rstd);
+              }
+              float gm = 0.f;
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) gm = max_abs(gm, v[j]);
+              gm = groups.max_over_lanes(gm);
+              if constexpr (kLateRstd) gm *= rstd;
+              if (in[i]) {
+                if constexpr (Q == Quant::kGroup) {
+                  const float scale = quant_scale(gm, a.fp8, a.scale_ub);
+                  store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
+                  if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+                } else {
+                  const GroupCode code =
+                      group_scale<kRule>(a, scales, groups.index(out + local(i)), gm, global, groups.leader());
+                  store_group<VEC, kRule>(a, out + local(i), v, global, code);
+                }
               }
             }
+          };
+          if constexpr (Q == Quant::kBlock) {
+            using Nvfp4 = std::integral_constant<int, static_cast<int>(GroupScale::kNvfp4)>;
+            using E8M0 = std::integral_constant<int, static_cast<int>(GroupScale::kE8M0)>;
+            using Pow2 = std::integral_constant<int, static_cast<int>(GroupScale::kPow2)>;
+            switch (a.group_scale) {
+              case GroupScale::kNvfp4: items(Nvfp4{}); break;
+              case GroupScale::kE8M0: items(E8M0{}); break;
+              default: items(Pow2{}); break;  // (kFloat takes Quant::kGroup)
+            }
+          } else {
+            items(std::integral_constant<int, -1>{});
           }
         }
       }
