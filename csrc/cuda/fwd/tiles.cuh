@@ -252,87 +252,102 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   }
   if (cluster > 1) cluster_arrive_relaxed();  // this CTA's exchange is done (waited for before it exits)
 
-  const int G = static_cast<int>(a.group_size);  // 16 or 32 (the plan)
-  const Pow2Groups groups(G, VEC);
   const GroupGlobal global = group_global(a, row0);  // the slab lies in one tensor
   auto mean = [&](int r) { return K == NormKind::kLayer ? mean_of[r] : 0.f; };
 
-  // Along the rows: a warp takes runs of 32 packs (lane l the l-th), rows
-  // warp, warp + kWarps, ...; a group's G / VEC lanes are adjacent. Lanes
-  // past the columns run on the run's first pack (the shuffles) and store
-  // nothing; a group's lanes are all past or none (whole groups).
-  {
-    void* const scales = group_scales(a);
-    for (int c0 = 0; c0 < n_cols; c0 += 32 * VEC) {
-      const bool valid = c0 + lane * VEC < n_cols;
-      const int c = valid ? c0 + lane * VEC : c0;
-      float sc[VEC], sh[VEC] = {};
-      scale_shift_of(c, sc, sh);
-      const T* src = at(warp, c);
-      int64_t e = (row0 + warp) * H + col0 + c;  // q's element
-#pragma unroll
-      for (int i = 0; i < S / kWarps; ++i, e += kWarps * H) {
-        const int r = warp + i * kWarps;
-        float y[VEC];
-        unpack<true>(*reinterpret_cast<const Vec*>(src + i * kWarps * W), y);
-        float gm = 0.f;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          y[j] = norm_value(y[j], mean(r), rstd_of[r], sc[j], sh[j], has_beta);
-          gm = max_abs(gm, y[j]);
-        }
-        gm = groups.max_over_lanes(gm);
-        const GroupCode code = group_scale(a, scales, groups.index(e), gm, global, valid && groups.leader());
-        if (valid) store_group<VEC>(a, e, y, global, code);
-      }
-    }
-  }
+  // Both passes, with NVFP4's and MXFP8's rule and group size compile-time
+  // constants (as fwd_slices' block-rule loops: docs/tuning.md,
+  // block-rule-loops); per-group FP8 (kRule < 0) reads them at run time.
+  auto passes = [&](auto rule) {
+    constexpr int kRule = decltype(rule)::value;
+    const int G = kRule == static_cast<int>(GroupScale::kNvfp4)  ? kNvfp4Block
+                  : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
+                                                                  : static_cast<int>(a.group_size);  // 16 or 32
+    const Pow2Groups groups(G, VEC);
 
-  // Down the columns: lanes 2i and 2i + 1 take columns c and c + 1, rows 0-15
-  // and 16-31 each, read as words of two x. q_t is (tensors, hidden, rows
-  // per tensor), its scales (tensors, hidden, rows per tensor / G): element
-  // e's scale is e / G. A pair's 16 codes a column and lane fill a 32-byte
-  // sector (FP8) or half of one (NVFP4). Groups of 32 rows span the pair
-  // (their max crosses it; each lane then stores one column's scale), groups
-  // of 16 are a lane's.
-  {
-    constexpr int kHalf = S / 2;
-    const int h = lane & 1;
-    const int64_t R = a.rows_per_tensor(), t = a.tensor_of(row0);
-    const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
-    const int c_first = 2 * static_cast<int>(threadIdx.x / 2);
-    int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
-    for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
-      const T* src = at(h * kHalf, c);
-      float sc[2], sh[2] = {};
-      scale_shift_of(c, sc, sh);
-      float y0[kHalf], y1[kHalf];
-#pragma unroll
-      for (int j = 0; j < kHalf; j += 4) {
-        const float4 rs = *reinterpret_cast<const float4*>(rstd_of + h * kHalf + j);
-        const float4 ms = K == NormKind::kLayer ? *reinterpret_cast<const float4*>(mean_of + h * kHalf + j) : float4{};
-        const float rsk[4] = {rs.x, rs.y, rs.z, rs.w}, msk[4] = {ms.x, ms.y, ms.z, ms.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float lo, hi;
-          widen2<T>(*reinterpret_cast<const uint32_t*>(src + (j + k) * W), lo, hi);
-          y0[j + k] = norm_value(lo, msk[k], rsk[k], sc[0], sh[0], has_beta);
-          y1[j + k] = norm_value(hi, msk[k], rsk[k], sc[1], sh[1], has_beta);
+    // Along the rows: a warp takes runs of 32 packs (lane l the l-th), rows
+    // warp, warp + kWarps, ...; a group's G / VEC lanes are adjacent. Lanes
+    // past the columns run on the run's first pack (the shuffles) and store
+    // nothing; a group's lanes are all past or none (whole groups).
+    {
+      void* const scales = group_scales(a);
+      for (int c0 = 0; c0 < n_cols; c0 += 32 * VEC) {
+        const bool valid = c0 + lane * VEC < n_cols;
+        const int c = valid ? c0 + lane * VEC : c0;
+        float sc[VEC], sh[VEC] = {};
+        scale_shift_of(c, sc, sh);
+        const T* src = at(warp, c);
+        int64_t e = (row0 + warp) * H + col0 + c;  // q's element
+  #pragma unroll
+        for (int i = 0; i < S / kWarps; ++i, e += kWarps * H) {
+          const int r = warp + i * kWarps;
+          float y[VEC];
+          unpack<true>(*reinterpret_cast<const Vec*>(src + i * kWarps * W), y);
+          float gm = 0.f;
+  #pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            y[j] = norm_value(y[j], mean(r), rstd_of[r], sc[j], sh[j], has_beta);
+            gm = max_abs(gm, y[j]);
+          }
+          gm = groups.max_over_lanes(gm);
+          const GroupCode code = group_scale<kRule>(a, scales, groups.index(e), gm, global, valid && groups.leader());
+          if (valid) store_group<VEC, kRule>(a, e, y, global, code);
         }
       }
-      float g0 = 0.f, g1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < kHalf; ++j) g0 = max_abs(g0, y0[j]), g1 = max_abs(g1, y1[j]);
-      if (G == S) {  // (n_cols a multiple of 32: every lane of the warp is here)
-        g0 = abs_max(g0, __shfl_xor_sync(0xffffffffu, g0, 1));
-        g1 = abs_max(g1, __shfl_xor_sync(0xffffffffu, g1, 1));
-      }
-      const int64_t e1 = e0 + R;  // and of column c + 1
-      const GroupCode k0 = group_scale(a, a.qt_scales, groups.index(e0), g0, global, G != S || h == 0);
-      store_codes<kHalf>(a, a.qt, e0, y0, global, k0);
-      const GroupCode k1 = group_scale(a, a.qt_scales, groups.index(e1), g1, global, G != S || h == 1);
-      store_codes<kHalf>(a, a.qt, e1, y1, global, k1);
     }
+
+    // Down the columns: lanes 2i and 2i + 1 take columns c and c + 1, rows 0-15
+    // and 16-31 each, read as words of two x. q_t is (tensors, hidden, rows
+    // per tensor), its scales (tensors, hidden, rows per tensor / G): element
+    // e's scale is e / G. A pair's 16 codes a column and lane fill a 32-byte
+    // sector (FP8) or half of one (NVFP4). Groups of 32 rows span the pair
+    // (their max crosses it; each lane then stores one column's scale), groups
+    // of 16 are a lane's.
+    {
+      constexpr int kHalf = S / 2;
+      const int h = lane & 1;
+      const int64_t R = a.rows_per_tensor(), t = a.tensor_of(row0);
+      const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
+      const int c_first = 2 * static_cast<int>(threadIdx.x / 2);
+      int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
+      for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
+        const T* src = at(h * kHalf, c);
+        float sc[2], sh[2] = {};
+        scale_shift_of(c, sc, sh);
+        float y0[kHalf], y1[kHalf];
+  #pragma unroll
+        for (int j = 0; j < kHalf; j += 4) {
+          const float4 rs = *reinterpret_cast<const float4*>(rstd_of + h * kHalf + j);
+          const float4 ms =
+              K == NormKind::kLayer ? *reinterpret_cast<const float4*>(mean_of + h * kHalf + j) : float4{};
+          const float rsk[4] = {rs.x, rs.y, rs.z, rs.w}, msk[4] = {ms.x, ms.y, ms.z, ms.w};
+  #pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            float lo, hi;
+            widen2<T>(*reinterpret_cast<const uint32_t*>(src + (j + k) * W), lo, hi);
+            y0[j + k] = norm_value(lo, msk[k], rsk[k], sc[0], sh[0], has_beta);
+            y1[j + k] = norm_value(hi, msk[k], rsk[k], sc[1], sh[1], has_beta);
+          }
+        }
+        float g0 = 0.f, g1 = 0.f;
+  #pragma unroll
+        for (int j = 0; j < kHalf; ++j) g0 = max_abs(g0, y0[j]), g1 = max_abs(g1, y1[j]);
+        if (G == S) {  // (n_cols a multiple of 32: every lane of the warp is here)
+          g0 = abs_max(g0, __shfl_xor_sync(0xffffffffu, g0, 1));
+          g1 = abs_max(g1, __shfl_xor_sync(0xffffffffu, g1, 1));
+        }
+        const int64_t e1 = e0 + R;  // and of column c + 1
+        const GroupCode k0 = group_scale<kRule>(a, a.qt_scales, groups.index(e0), g0, global, G != S || h == 0);
+        store_codes<kHalf, kRule>(a, a.qt, e0, y0, global, k0);
+        const GroupCode k1 = group_scale<kRule>(a, a.qt_scales, groups.index(e1), g1, global, G != S || h == 1);
+        store_codes<kHalf, kRule>(a, a.qt, e1, y1, global, k1);
+      }
+    }
+  };
+  switch (a.group_scale) {
+    case GroupScale::kNvfp4: passes(std::integral_constant<int, static_cast<int>(GroupScale::kNvfp4)>{}); break;
+    case GroupScale::kE8M0: passes(std::integral_constant<int, static_cast<int>(GroupScale::kE8M0)>{}); break;
+    default: passes(std::integral_constant<int, -1>{}); break;
   }
   if (cluster > 1) cluster_wait();
 #endif
