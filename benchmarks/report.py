@@ -257,16 +257,7 @@ RESULTS_HEAD = (  # (a paragraph or bullet a line: RESULTS.md stays short)
     "- XLA: the same jnp code compiled by XLA (`jax.vjp` of it for a backward); for a fused op, the "
     "unfused jnp composition (for block-scaled outputs: the norm, then `jax.nn`'s quantizer).\n"
     "\n"
-    """Commands (on the GPU machine, from the repository root; each appends to `results/<gpu>.csv`):
-
-```bash
-JAX_RMSNORM_CUDA_ARCHITECTURES=90 pip install --no-build-isolation -e .
-python benchmarks/bench_norm.py                                 # plain norms, bf16, default widths
-python benchmarks/bench_fused.py                                # fused ops, bf16
-python benchmarks/bench_norm.py --dtype float32 --hidden 4096 16384   # also float16, --param-dtype, --zero-centered
-python benchmarks/report.py                                     # this file, the README's tables, the plots
-```
-"""
+    "Commands: [README.md](README.md) in this folder (each run appends to `results/<gpu>.csv`).\n"
 )
 
 

@@ -62,7 +62,8 @@ def cuda_built() -> bool:
 
 
 # Devices whose launch plans tests/test_plan.py pins: an H100 (132 SMs,
-# compute capability 9.0) and an A100 (108 SMs, 8.0). An H200 plans as an H100.
+# compute capability 9.0), an H200 (the same, with faster DRAM: the backward's
+# stats_ahead) and an A100 (108 SMs, 8.0).
 PLAN_DEVICES = {
     "h100": dict(sms=132, cc_major=9, cc_minor=0, smem_optin=232448, dram_gbps=3352),
     "h200": dict(sms=132, cc_major=9, cc_minor=0, smem_optin=232448, dram_gbps=4917),

@@ -185,6 +185,15 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], c
   }
 }
 
+// The group size a rule fixed at compile time (kRule >= 0, a GroupScale)
+// implies: NVFP4's and MXFP8's blocks (the FFI refuses others); 0 where the
+// group size is the call's (per-group FP8, kRule < 0).
+constexpr int fixed_group_size(int kRule) {
+  return kRule == static_cast<int>(GroupScale::kNvfp4) ? kNvfp4Block
+         : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
+                                                        : 0;
+}
+
 // A group's codes of N values of y at element `idx` of the codes at `q`
 // (FP8 or NVFP4 by the rule): q, or the columnwise copy q_t.
 // kRule >= 0: the rule fixed at compile time (a GroupScale), else a.group_scale's.

@@ -531,9 +531,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
           auto items = [&](auto rule) {
             constexpr int kRule = decltype(rule)::value;
-            constexpr int kFixedGroup = kRule == static_cast<int>(GroupScale::kNvfp4)  ? kNvfp4Block
-                                        : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
-                                                                                        : 0;
+            constexpr int kFixedGroup = fixed_group_size(kRule);
             const Pow2Groups groups(kFixedGroup > 0 ? kFixedGroup : a.group_size, VEC);
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {

@@ -260,9 +260,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   // block-rule-loops); per-group FP8 (kRule < 0) reads them at run time.
   auto passes = [&](auto rule) {
     constexpr int kRule = decltype(rule)::value;
-    const int G = kRule == static_cast<int>(GroupScale::kNvfp4)  ? kNvfp4Block
-                  : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
-                                                                  : static_cast<int>(a.group_size);  // 16 or 32
+    constexpr int kFixedGroup = fixed_group_size(kRule);
+    const int G = kFixedGroup > 0 ? kFixedGroup : static_cast<int>(a.group_size);  // 16 or 32 (the plan)
     const Pow2Groups groups(G, VEC);
 
     // Along the rows: a warp takes runs of 32 packs (lane l the l-th), rows
@@ -278,13 +277,13 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
         scale_shift_of(c, sc, sh);
         const T* src = at(warp, c);
         int64_t e = (row0 + warp) * H + col0 + c;  // q's element
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < S / kWarps; ++i, e += kWarps * H) {
           const int r = warp + i * kWarps;
           float y[VEC];
           unpack<true>(*reinterpret_cast<const Vec*>(src + i * kWarps * W), y);
           float gm = 0.f;
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < VEC; ++j) {
             y[j] = norm_value(y[j], mean(r), rstd_of[r], sc[j], sh[j], has_beta);
             gm = max_abs(gm, y[j]);
@@ -315,13 +314,13 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
         float sc[2], sh[2] = {};
         scale_shift_of(c, sc, sh);
         float y0[kHalf], y1[kHalf];
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kHalf; j += 4) {
           const float4 rs = *reinterpret_cast<const float4*>(rstd_of + h * kHalf + j);
           const float4 ms =
               K == NormKind::kLayer ? *reinterpret_cast<const float4*>(mean_of + h * kHalf + j) : float4{};
           const float rsk[4] = {rs.x, rs.y, rs.z, rs.w}, msk[4] = {ms.x, ms.y, ms.z, ms.w};
-  #pragma unroll
+#pragma unroll
           for (int k = 0; k < 4; ++k) {
             float lo, hi;
             widen2<T>(*reinterpret_cast<const uint32_t*>(src + (j + k) * W), lo, hi);
@@ -330,7 +329,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           }
         }
         float g0 = 0.f, g1 = 0.f;
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kHalf; ++j) g0 = max_abs(g0, y0[j]), g1 = max_abs(g1, y1[j]);
         if (G == S) {  // (n_cols a multiple of 32: every lane of the warp is here)
           g0 = abs_max(g0, __shfl_xor_sync(0xffffffffu, g0, 1));
