@@ -85,14 +85,21 @@ for step in "$@"; do
       } 2>&1 | tee "$OUT/bench_extra.log" | grep -v '^|' ;;
     sanitize|memcheck|racecheck)  # one process per shape (see tests/sanitize.py), SAN_JOBS at a time
       # (default 1). Each line is printed as its shape ends, so a call cut off at its limit keeps the
-      # finished ones; SAN_SHAPES="a b" runs those shapes only. The logs are tarred into $OUT.
+      # finished ones; SAN_SHAPES="a b" runs those shapes only, SAN_TIMEOUT (300 s) caps a shape (racecheck
+      # of 64x262144 needs more than 190 s alone). The logs are tarred into $OUT.
       tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
       mkdir -p /tmp/sanitize
+      # compute-sanitizer itself has segfaulted (exit 139, no summary, nothing from the script) under
+      # several jobs at a time, and run clean on the same shape again: such a shape runs once more.
       for tool in $tools; do
         for shape in ${SAN_SHAPES:-$(python3 tests/sanitize.py --list)}; do echo "$tool $shape"; done
       done | XLA_PYTHON_CLIENT_ALLOCATOR=platform xargs -P "${SAN_JOBS:-1}" -L 1 sh -c \
-        'timeout 300 compute-sanitizer --tool $0 --error-exitcode 9 python3 tests/sanitize.py $1 \
-           > /tmp/sanitize/$0_$1.log 2>&1; echo "$0 $1 exit $? $(grep -h SUMMARY /tmp/sanitize/$0_$1.log)"' |
+        'tool=$0 shape=$1 log=/tmp/sanitize/$0_$1.log
+         run() { timeout "${SAN_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
+           python3 tests/sanitize.py $shape > $log 2>&1; }
+         run; rc=$?; again=""
+         [ $rc = 139 ] && ! grep -q SUMMARY $log && { run; rc=$?; again=" (sanitizer crashed, run again)"; }
+         echo "$tool $shape exit $rc$again $(grep -h SUMMARY $log)"' |
         tee "$OUT/sanitize.txt"
       tar czf "$OUT/sanitize_logs.tgz" -C /tmp sanitize ;;
   esac
