@@ -18,6 +18,13 @@ _cpu_isa_cap = os.environ.get("JAX_RMSNORM_CPU_ISA", "")
 if _cpu_isa_cap and _cpu_isa_cap not in CPU_ISAS:
     raise ValueError(f"JAX_RMSNORM_CPU_ISA={_cpu_isa_cap!r}: expected one of {', '.join(CPU_ISAS)} (or unset)")
 
+# JAX_RMSNORM_DRAM_GBPS: the DRAM bandwidth (GB/s) the CUDA plans take for the
+# GPU's own (read once by the CUDA module), for tests of the plans that depend
+# on it (docs/tuning.md, bwd-slices-stats) on whichever GPU is at hand.
+_dram_gbps = os.environ.get("JAX_RMSNORM_DRAM_GBPS", "")
+if _dram_gbps and not (_dram_gbps.isdigit() and 0 < int(_dram_gbps) < 1 << 31):
+    raise ValueError(f"JAX_RMSNORM_DRAM_GBPS={_dram_gbps!r}: expected a positive integer, GB/s (or unset)")
+
 try:
     from . import _jax_rmsnorm_cpu
 except ImportError as e:  # pragma: no cover - depends on how it was installed
@@ -71,6 +78,17 @@ PLAN_DEVICES = {
 }
 
 
+def current_device() -> dict:
+    """The fields of ``PLAN_DEVICES`` for the GPU that runs this process's
+    kernels (CUDA's current device), as its plans read them."""
+    if _jax_rmsnorm_cuda is None:
+        raise RuntimeError("device='current' needs the CUDA kernels; this installation was built without them")
+    dev = _jax_rmsnorm_cuda.current_device()
+    if dev["sms"] < 1:
+        raise RuntimeError("device='current': no CUDA device could be read")
+    return dev
+
+
 _FWD_OPTIONS = frozenset({"gamma", "beta", "zero_centered", "groups", "residual", "residual_f32", "h_f32", "quant",
                           "group_size", "group_scale", "tensors", "qt", "fp8_x", "x_group", "given_stats", "aligned"})
 _BWD_OPTIONS = frozenset({"gamma", "param_outputs", "groups", "coef", "dh", "aligned", "slots"})
@@ -82,8 +100,9 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     ``direction`` is ``"fwd"`` or ``"bwd"``, ``kind`` ``"rms"`` or ``"layer"``;
     ``shape`` is x's shape (normalized over its last axis), ``dtype`` x's dtype
     (float32, bfloat16 or float16; for FP8 x, y's), ``param_dtype`` gamma's
-    (default x's). ``device`` names one of ``PLAN_DEVICES`` or is a dict of the
-    same fields. Forward options: ``gamma``, ``beta``, ``zero_centered``,
+    (default x's). ``device`` names one of ``PLAN_DEVICES``, is a dict of the
+    same fields, or is ``"current"``: the GPU that runs this process's kernels
+    (CUDA's current device; needs the CUDA module and a GPU). Forward options: ``gamma``, ``beta``, ``zero_centered``,
     ``groups`` (parameter groups, from vmap), ``residual`` with ``residual_f32``
     and ``h_f32``, ``quant`` (``"none"``, ``"tensor"``, ``"row"``, ``"group"``,
     ``"current"``) with ``group_size``, ``group_scale`` (``"float32"``, ``"pow2"``, ``"e8m0"``,
@@ -112,7 +131,14 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"describe_plan: unknown {direction} option(s) {unknown}; known: {sorted(known)}")
-    dev = PLAN_DEVICES[device] if isinstance(device, str) else dict(device)
+    if device == "current":
+        dev = current_device()
+    elif isinstance(device, str):
+        if device not in PLAN_DEVICES:
+            raise ValueError(f"device must be 'current', one of {sorted(PLAN_DEVICES)} or a dict, got {device!r}")
+        dev = PLAN_DEVICES[device]
+    else:
+        dev = dict(device)
     problem = dict(kind=kind, dtype=_dtype_name(dtype), rows=rows, hidden=hidden, **options)
     if param_dtype is not None:
         problem["param_dtype"] = _dtype_name(param_dtype)

@@ -13,13 +13,17 @@ routing change, regenerate the files and review their diff:
 from __future__ import annotations
 
 import difflib
+import os
 import pathlib
 import re
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jax_rmsnorm._ffi import PLAN_DEVICES, describe_plan
+from reference import PLATFORMS, run_script
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 TUNING = pathlib.Path(__file__).parents[1] / "docs" / "tuning.md"
@@ -167,6 +171,51 @@ def test_describe_plan_errors():
         describe_plan("fwd", "rms", (4, 32), "float32", quant="group", group_size=32, group_scale="e4m3")
     with pytest.raises(TypeError, match="unknown fwd option"):
         describe_plan("fwd", "rms", (4, 32), "float32", quant="group", group_scales="e8m0")
+    with pytest.raises(ValueError, match="device must be 'current', one of"):
+        describe_plan("fwd", "rms", (4, 8), "float32", device="b200")
+
+
+def test_describe_plan_current_device():
+    """device="current" plans for the GPU at hand, or says why it cannot."""
+    if "gpu" in PLATFORMS:
+        assert describe_plan("bwd", "rms", (32768, 4096), "bfloat16", device="current").startswith("bwd_")
+    else:
+        with pytest.raises(RuntimeError, match="device='current'"):
+            describe_plan("bwd", "rms", (32768, 4096), "bfloat16", device="current")
+
+
+def test_dram_setting_checked(tmp_path):
+    env = {**os.environ, "JAX_RMSNORM_DRAM_GBPS": "fast", "JAX_PLATFORMS": "cpu"}
+    # From tmp_path: the installed package, not the source tree's.
+    p = subprocess.run([sys.executable, "-c", "import jax_rmsnorm"], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert p.returncode != 0
+    assert "JAX_RMSNORM_DRAM_GBPS='fast': expected a positive integer" in p.stderr
+
+
+@pytest.mark.parametrize("platform", ["gpu"])
+def test_dram_bandwidth_plans_bit_identical(platform, tmp_path):
+    """The backward's plans on either side of the DRAM bandwidth from which
+    bwd_slices loads a row's statistics a row ahead (an H100's and an H200's,
+    set by JAX_RMSNORM_DRAM_GBPS on the GPU at hand) take the row-ahead loads
+    or not, and give the same bits."""
+    script = pathlib.Path(__file__).parent / "plan_dram_outputs.py"
+    runs = []
+    for dev in ("h100", "h200"):
+        path = tmp_path / f"{dev}.npz"
+        run_script(script, str(path), env={**os.environ, "JAX_RMSNORM_DRAM_GBPS": str(PLAN_DEVICES[dev]["dram_gbps"])})
+        runs.append(np.load(path))
+    slow, fast = runs
+    plans = [k for k in fast.files if k.startswith("plan_")]
+    assert len(plans) == 6 and sorted(slow.files) == sorted(fast.files)
+    for k in plans:
+        assert "stats_ahead" not in str(slow[k]) and "bwd_slices[late,stats_ahead]" in str(fast[k]), (
+            k, str(slow[k]), str(fast[k]))
+    grads = [k for k in fast.files if k.startswith("d")]
+    assert len(grads) == 15
+    for k in grads:
+        assert bool(fast["finite_" + k]) and bool(slow["finite_" + k]), f"{k}: not finite, or all zero"
+        assert str(slow[k]) == str(fast[k]), f"{k}: the row-ahead statistics change the outputs"
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--update"]:

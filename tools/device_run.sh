@@ -86,7 +86,8 @@ for step in "$@"; do
     sanitize|memcheck|racecheck)  # one process per shape (see tests/sanitize.py), SAN_JOBS at a time
       # (default 1). Each line is printed as its shape ends, so a call cut off at its limit keeps the
       # finished ones; SAN_SHAPES="a b" runs those shapes only, SAN_TIMEOUT (300 s) caps a shape (racecheck
-      # of 64x262144 needs more than 190 s alone). The logs are tarred into $OUT.
+      # of 64x262144 needs more than 190 s alone). JAX_RMSNORM_DRAM_GBPS=4917 runs an H200's plans on an H100
+      # (the backward's stats_ahead). The logs are tarred into $OUT.
       tools=$step; [ "$step" = sanitize ] && tools="memcheck racecheck"
       mkdir -p /tmp/sanitize
       # compute-sanitizer itself has segfaulted (exit 139, no summary, nothing from the script) under

@@ -8,6 +8,7 @@
 #include "../norm_common.h"
 #include "../dist_handlers.h"
 #include "../norm_fused.h"
+#include "common/device.h"
 #include "launch.h"
 
 namespace jrn {
@@ -60,7 +61,19 @@ nanobind::dict own_registrations() {
   d["jrn_all_reduce_rms_norm"] = nanobind::capsule(reinterpret_cast<void*>(CudaAllReduceRmsNorm));
   return d;
 }
+// The current GPU as the plans see it (describe_plan's device="current").
+nanobind::dict current_device() {
+  const jrn::plan::Device d = jrn::cuda::this_device();
+  nanobind::dict out;
+  out["sms"] = d.sms;
+  out["cc_major"] = d.cc_major;
+  out["cc_minor"] = d.cc_minor;
+  out["smem_optin"] = d.smem_optin;
+  out["dram_gbps"] = d.dram_gbps;
+  return out;
+}
 }  // namespace
 
 JRN_NB_MODULE(_jax_rmsnorm_cuda, Cuda, m.def("own_registrations" JRN_COMMA & own_registrations);
-              m.def("peer_access_everywhere" JRN_COMMA & ::jrn::cuda::peer_access_everywhere);)
+              m.def("peer_access_everywhere" JRN_COMMA & ::jrn::cuda::peer_access_everywhere);
+              m.def("current_device" JRN_COMMA & current_device);)

@@ -1,6 +1,5 @@
-// Host side of a launch: the device's attributes (as a plan::Device),
-// cluster and early (programmatic dependent) launches, and the occupancy
-// query of the persistent kernels.
+// Host side of a launch: cluster and early (programmatic dependent)
+// launches, and the occupancy query of the persistent kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,40 +12,9 @@
 #include <tuple>
 
 #include "base.cuh"
+#include "device.h"
 
 namespace jrn::cuda {
-
-// An attribute of the current device, asked once per device (-1 where it
-// cannot be read).
-template <cudaDeviceAttr A>
-inline int device_attribute() {
-  static int cache[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return -1;
-  if (cache[dev] == 0) {
-    int v = 0;
-    cache[dev] = cudaDeviceGetAttribute(&v, A, dev) == cudaSuccess && v > 0 ? v : -1;
-  }
-  return cache[dev];
-}
-
-// Whether the current device runs thread block clusters (compute capability
-// 9.0 or newer).
-inline bool has_clusters() { return device_attribute<cudaDevAttrComputeCapabilityMajor>() >= 9; }
-
-// The current device as the plans see it.
-inline plan::Device this_device() {
-  plan::Device d;
-  d.sms = std::max(device_attribute<cudaDevAttrMultiProcessorCount>(), 0);
-  d.cc_major = std::max(device_attribute<cudaDevAttrComputeCapabilityMajor>(), 0);
-  d.cc_minor = std::max(device_attribute<cudaDevAttrComputeCapabilityMinor>(), 0);
-  d.smem_optin = std::max(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(), 0);
-  // Double data rate: two transfers a clock (kHz) of the bus (bits).
-  const int64_t khz = device_attribute<cudaDevAttrMemoryClockRate>();
-  const int64_t bits = device_attribute<cudaDevAttrGlobalMemoryBusWidth>();
-  d.dram_gbps = khz > 0 && bits > 0 ? static_cast<int>(2 * khz * bits / 8 / 1000000) : 0;
-  return d;
-}
 
 // A launch configuration with thread block clusters of `cluster` CTAs along
 // x and, with `early`, programmatic dependent launch (launch_early_clustered
