@@ -1,6 +1,9 @@
 """Bad input raises a clear Python error at trace time, naming the argument
 and what it takes; NumPy values pass where Python's do."""
 
+import os
+import subprocess
+import sys
 from functools import partial
 
 import numpy as np
@@ -221,3 +224,17 @@ def test_errors_raise_under_jit_at_trace_time():
         jax.jit(jrn.rms_norm)(x, jnp.ones((3,), jnp.float32))
     with pytest.raises(TypeError, match="zero_centered_gamma must be a bool"):
         jax.jit(partial(jrn.layer_norm, zero_centered_gamma="no"))(x)
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("JAX_RMSNORM_CPU_ISA", "sse9", "JAX_RMSNORM_CPU_ISA='sse9': expected one of baseline, avx2 (or unset)"),
+    ("JAX_RMSNORM_DRAM_GBPS", "fast", "JAX_RMSNORM_DRAM_GBPS='fast': expected a positive integer, GB/s (or unset)"),
+    ("JAX_RMSNORM_DRAM_GBPS", "0", "JAX_RMSNORM_DRAM_GBPS='0': expected a positive integer"),
+])
+def test_environment_settings_checked(name, value, message):
+    """A setting read from the environment is checked at import, by name."""
+    env = {**os.environ, name: value, "JAX_PLATFORMS": "cpu"}
+    # From /: the installed package, not the source tree's.
+    p = subprocess.run([sys.executable, "-c", "import jax_rmsnorm"], env=env, capture_output=True, text=True,
+                       timeout=300, cwd="/")
+    assert p.returncode != 0 and message in p.stderr, p.stderr[-2000:]

@@ -16,7 +16,6 @@ import difflib
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -182,15 +181,6 @@ def test_describe_plan_current_device():
     else:
         with pytest.raises(RuntimeError, match="device='current'"):
             describe_plan("bwd", "rms", (32768, 4096), "bfloat16", device="current")
-
-
-def test_dram_setting_checked(tmp_path):
-    env = {**os.environ, "JAX_RMSNORM_DRAM_GBPS": "fast", "JAX_PLATFORMS": "cpu"}
-    # From tmp_path: the installed package, not the source tree's.
-    p = subprocess.run([sys.executable, "-c", "import jax_rmsnorm"], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path)
-    assert p.returncode != 0
-    assert "JAX_RMSNORM_DRAM_GBPS='fast': expected a positive integer" in p.stderr
 
 
 @pytest.mark.parametrize("platform", ["gpu"])
