@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one call on a GPU machine runs: build, GPU tests, benchmarks, sanitizers.
 # The benchmarks append their rows to benchmarks/results/<gpu>.csv (bring that file back).
-# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|ncu-block|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-block|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|ncu-block|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -33,6 +33,9 @@ for step in "$@"; do
       { python3 benchmarks/bench_fused.py
         python3 benchmarks/bench_fused.py --ops rms_fp8 rms_fp8_row rms_fp8_group --fp8 e5m2 --hidden 4096 16384
       } 2>&1 | tee "$OUT/bench_fused.log" | grep -v '^|' ;;
+    bench-block)  # the block-scaled outputs (MXFP8, NVFP4; rowwise and with the columnwise copy), bf16
+      python3 benchmarks/bench_fused.py --ops rms_mxfp8 ln_mxfp8 rms_nvfp4 ln_nvfp4 rms_mxfp8_t ln_mxfp8_t \
+        rms_nvfp4_t ln_nvfp4_t add_rms_mxfp8_t 2>&1 | tee "$OUT/bench_block.log" | grep -v '^|' ;;
     bench-slice)  # the FP8 outputs on one device of a split hidden dim, and the fused kernels, same run
       { python3 benchmarks/bench_fused.py --ops rms_fp8 ln_fp8 rms_fp8_row rms_fp8_group add_rms_fp8 --hidden 4096 16384
         python3 benchmarks/bench_fused.py --ops rms_fp8 ln_fp8 rms_fp8_row rms_fp8_group add_rms_fp8 --hidden 4096 16384 \
