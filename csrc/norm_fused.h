@@ -43,6 +43,11 @@ JRN_HOST_DEVICE inline uint32_t fp8_nan_code(Fp8 f) { return f == Fp8::kE4M3 ? 0
 constexpr float kFp4Max = 6.f;
 constexpr uint8_t kE8M0Nan = 0xff, kE4M3Nan = 0x7f;
 constexpr int kMxfp8Block = 32, kNvfp4Block = 16;  // the block formats' group sizes
+// A rule's fixed group size: MXFP8's and NVFP4's blocks; 0 where the group
+// size is the call's (per-group FP8).
+constexpr int block_group_size(GroupScale s) {
+  return s == GroupScale::kE8M0 ? kMxfp8Block : s == GroupScale::kNvfp4 ? kNvfp4Block : 0;
+}
 
 // float32 bits of a value and back, on the host and the device.
 JRN_HOST_DEVICE inline uint32_t float_bits(float v) {
@@ -186,7 +191,7 @@ inline ffi::Error decode_fused_fwd(NormKind kind, const ffi::AnyBuffer& x, const
   if (a->group_scale != GroupScale::kFloat && a->quant != Quant::kGroup)
     return ffi::Error::InvalidArgument("jax_rmsnorm: a group scale other than float32 goes with per-group output");
   const bool block_scaled = a->group_scale == GroupScale::kE8M0 || a->group_scale == GroupScale::kNvfp4;
-  if (block_scaled && group_size != (a->group_scale == GroupScale::kE8M0 ? kMxfp8Block : kNvfp4Block))
+  if (block_scaled && group_size != block_group_size(a->group_scale))
     return ffi::Error::InvalidArgument("jax_rmsnorm: MXFP8 takes groups of 32, NVFP4 groups of 16");
   const bool x_fp8 = is_fp8_type(x.element_type());
   if (x_fp8 && a->quant != Quant::kNone)

@@ -102,8 +102,8 @@ def describe_plan(direction: str, kind: str, shape, dtype, *, device="h100", par
     (float32, bfloat16 or float16; for FP8 x, y's), ``param_dtype`` gamma's
     (default x's). ``device`` names one of ``PLAN_DEVICES``, is a dict of the
     same fields, or is ``"current"``: the GPU that runs this process's kernels
-    (CUDA's current device; needs the CUDA module and a GPU). Forward options: ``gamma``, ``beta``, ``zero_centered``,
-    ``groups`` (parameter groups, from vmap), ``residual`` with ``residual_f32``
+    (CUDA's current device; needs the CUDA module and a GPU). Forward
+    options: ``gamma``, ``beta``, ``zero_centered``, ``groups`` (parameter groups, from vmap), ``residual`` with ``residual_f32``
     and ``h_f32``, ``quant`` (``"none"``, ``"tensor"``, ``"row"``, ``"group"``,
     ``"current"``) with ``group_size``, ``group_scale`` (``"float32"``, ``"pow2"``, ``"e8m0"``,
     ``"nvfp4"``), ``tensors`` and ``qt`` (current

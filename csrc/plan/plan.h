@@ -83,6 +83,7 @@ inline constexpr int64_t kSliceVecs = static_cast<int64_t>(kSliceThreads) * kSli
 inline constexpr int64_t kRegVecs = 64;  // rows of at most this many packs stay in bwd_regs
 inline constexpr int kFold = 2;          // bwd_slices' CTAs folding their dgamma sums into one slot
 inline constexpr int kStatsAheadGbps = 4000;  // DRAM bandwidth from which bwd_slices' late instance loads stats ahead
+inline constexpr int64_t kStatsAheadRmsCols = 1024;  // ... RMSNorm's only where a CTA takes more columns than this
 inline constexpr int kDecodeMaxThreads = 1024;
 inline constexpr int kDecodeColUnroll = 2;
 inline constexpr int64_t kDecodeMaxRows = 192;

@@ -96,7 +96,7 @@ void plan_slices(BwdPlan& plan, const BwdProblem& p, int64_t nvec, const Device&
   // The late instance on fast memory loads a row's statistics a row ahead,
   // but not RMSNorm's CTAs of at most 1024 columns (bwd-slices-stats).
   plan.stats_ahead = !plan.early && d.dram_gbps >= kStatsAheadGbps &&
-                     (k.kind == NormKind::kLayer || static_cast<int64_t>(tpr) * kSliceItems * k.vec > 1024);
+                     (k.kind == NormKind::kLayer || static_cast<int64_t>(tpr) * kSliceItems * k.vec > kStatsAheadRmsCols);
   // One CTA of more than half of kSliceThreads a row (one an SM): clusters
   // of kFold CTAs fold their column sums into one workspace row.
   plan.fold = plan.cluster == 1 && tpr > kSliceThreads / 2 && p.slots > 0 && p.param_outputs > 0 && p.slots >= kFold

@@ -6,6 +6,8 @@
 
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "../../norm_fused.h"
 #include "fp8.cuh"
 
@@ -185,13 +187,25 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], c
   }
 }
 
-// The group size a rule fixed at compile time (kRule >= 0, a GroupScale)
-// implies: NVFP4's and MXFP8's blocks (the FFI refuses others); 0 where the
-// group size is the call's (per-group FP8, kRule < 0).
-constexpr int fixed_group_size(int kRule) {
-  return kRule == static_cast<int>(GroupScale::kNvfp4) ? kNvfp4Block
-         : kRule == static_cast<int>(GroupScale::kE8M0) ? kMxfp8Block
-                                                        : 0;
+// The group size of rule kRule, a GroupScale fixed at compile time (kRule >=
+// 0: NVFP4's and MXFP8's are constants, block_group_size; the FFI refuses
+// others), else the call's.
+template <int kRule>
+__device__ __forceinline__ int64_t rule_group_size(const FwdArgs& a) {
+  constexpr int kFixed = kRule >= 0 ? block_group_size(static_cast<GroupScale>(kRule)) : 0;
+  return kFixed > 0 ? kFixed : a.group_size;
+}
+
+// f(std::integral_constant<int, kRule>{}) with `rule` as kRule where it is
+// NVFP4's or MXFP8's, else kOther: the kernels' loops of a compile-time rule
+// (docs/tuning.md, block-rule-loops).
+template <int kOther, class F>
+__device__ __forceinline__ void with_block_rule(GroupScale rule, F&& f) {
+  switch (rule) {
+    case GroupScale::kNvfp4: f(std::integral_constant<int, static_cast<int>(GroupScale::kNvfp4)>{}); break;
+    case GroupScale::kE8M0: f(std::integral_constant<int, static_cast<int>(GroupScale::kE8M0)>{}); break;
+    default: f(std::integral_constant<int, kOther>{}); break;
+  }
 }
 
 // A group's codes of N values of y at element `idx` of the codes at `q`

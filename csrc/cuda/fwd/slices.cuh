@@ -531,8 +531,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
           auto items = [&](auto rule) {
             constexpr int kRule = decltype(rule)::value;
-            constexpr int kFixedGroup = fixed_group_size(kRule);
-            const Pow2Groups groups(kFixedGroup > 0 ? kFixedGroup : a.group_size, VEC);
+            const Pow2Groups groups(rule_group_size<kRule>(a), VEC);
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {
               float v[VEC];
@@ -560,14 +559,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
             }
           };
           if constexpr (Q == Quant::kBlock) {
-            using Nvfp4 = std::integral_constant<int, static_cast<int>(GroupScale::kNvfp4)>;
-            using E8M0 = std::integral_constant<int, static_cast<int>(GroupScale::kE8M0)>;
-            using Pow2 = std::integral_constant<int, static_cast<int>(GroupScale::kPow2)>;
-            switch (a.group_scale) {
-              case GroupScale::kNvfp4: items(Nvfp4{}); break;
-              case GroupScale::kE8M0: items(E8M0{}); break;
-              default: items(Pow2{}); break;  // (kFloat takes Quant::kGroup)
-            }
+            with_block_rule<static_cast<int>(GroupScale::kPow2)>(a.group_scale, items);  // (kFloat: Quant::kGroup)
           } else {
             items(std::integral_constant<int, -1>{});
           }

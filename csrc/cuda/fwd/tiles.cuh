@@ -260,8 +260,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
   // block-rule-loops); per-group FP8 (kRule < 0) reads them at run time.
   auto passes = [&](auto rule) {
     constexpr int kRule = decltype(rule)::value;
-    constexpr int kFixedGroup = fixed_group_size(kRule);
-    const int G = kFixedGroup > 0 ? kFixedGroup : static_cast<int>(a.group_size);  // 16 or 32 (the plan)
+    const int G = static_cast<int>(rule_group_size<kRule>(a));  // 16 or 32 (the plan)
     const Pow2Groups groups(G, VEC);
 
     // Along the rows: a warp takes runs of 32 packs (lane l the l-th), rows
@@ -343,11 +342,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       }
     }
   };
-  switch (a.group_scale) {
-    case GroupScale::kNvfp4: passes(std::integral_constant<int, static_cast<int>(GroupScale::kNvfp4)>{}); break;
-    case GroupScale::kE8M0: passes(std::integral_constant<int, static_cast<int>(GroupScale::kE8M0)>{}); break;
-    default: passes(std::integral_constant<int, -1>{}); break;
-  }
+  with_block_rule<-1>(a.group_scale, passes);
   if (cluster > 1) cluster_wait();
 #endif
 }
