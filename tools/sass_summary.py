@@ -32,7 +32,10 @@ one profiled launch (the SourceCounters section, exported as the source
 page's CSV) and sums the executed warp instructions by opcode; given the
 launch's element count (rows * hidden), also thread instructions an element.
 --dump FILE writes every executed instruction as "address count SASS", in
-code order, to see which part of a kernel the counts come from:
+code order, to see which part of a kernel the counts come from. Where the page
+has warp stall samples (the WarpStateStats section profiled too), it also
+prints the 20 lines with most samples, and the dump reads "address count
+samples SASS":
     ncu --kernel-name regex:fwd_ --launch-skip 1 --launch-count 1 --section SourceCounters \
         -o rep python3 tools/profile_ops.py ln_fwd --rows 32768 --hidden 4096 --calls 2
     ncu --import rep.ncu-rep --page source --csv --print-source sass > src.csv
@@ -89,29 +92,46 @@ def opcode(ins):
     return re.sub("^" + PREDICATE, "", ins).split(" ")[0].split(".")[0]
 
 
+STALLS = "Warp Stall Sampling (All Samples)"
+
+
 def executed(args):
     """--executed SRC.CSV [ELEMENTS] [--dump FILE]: executed instructions by opcode."""
-    dump = args.pop(args.index("--dump") + 1) if "--dump" in args else None
+    dump = None
+    if "--dump" in args:
+        at = args.index("--dump")
+        dump = args.pop(at + 1)
+        del args[at]
     path, elems = args[0], float(args[1]) if len(args) > 1 else 0.0
     with open(path, newline="", errors="replace") as f:
         rows = list(csv.reader(f))
     at = next(i for i, r in enumerate(rows) if "Source" in (c.strip() for c in r))
     head = [c.strip() for c in rows[at]]
     src, count, addr = head.index("Source"), head.index("Instructions Executed"), head.index("Address")
-    by_op, lines = collections.Counter(), []
+    stall = head.index(STALLS) if STALLS in head else None
+    number = lambda r, i: float(r[i].replace(",", ""))
+    by_op, lines, stalls = collections.Counter(), [], []
     for r in rows[at + 1:]:
         try:
-            n = float(r[count].replace(",", ""))
+            n = number(r, count)
+            k = number(r, stall) if stall is not None else None
         except (IndexError, ValueError):
             continue
         if n > 0:
             by_op[opcode(r[src].strip())] += n
-            lines.append(f"{r[addr].strip()} {n:.0f} {r[src].strip()}")
+            lines.append(f"{r[addr].strip()} {n:.0f} " + (f"{k:.0f} " if k is not None else "") + r[src].strip())
+            if k:
+                stalls.append((k, r[addr].strip(), r[src].strip()))
     total = sum(by_op.values())
     per = (lambda n: f"  {n * 32 / elems:6.2f} an element") if elems else (lambda n: "")
     print(f"{total:14,.0f} warp instructions" + per(total))
     for op, n in by_op.most_common(40):
         print(f"{n:14,.0f} {100 * n / total:5.1f}%  {op:8s}" + per(n))
+    if stalls:
+        all_samples = sum(k for k, _, _ in stalls)
+        print(f"{all_samples:14,.0f} stall samples; the lines with most:")
+        for k, a, ins in sorted(stalls, reverse=True)[:20]:
+            print(f"{k:14,.0f} {100 * k / all_samples:5.1f}%  {a} {ins}")
     if dump:
         with open(dump, "w") as f:
             f.write("\n".join(lines) + "\n")
