@@ -443,6 +443,57 @@ def test_mxfp8_scale_of_a_subnormal_quotient():
     np.testing.assert_array_equal(_bits(q), _bits(rq))
 
 
+
+def _exact_y(gamma):
+    """gamma with its subnormals flushed to zeros of their sign (XLA's CPU
+    flushes them), and x of ones: with eps 0, rstd is 1 and y is gamma."""
+    gamma = np.asarray(gamma, np.float32)
+    gamma = np.where(np.abs(gamma) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), gamma), gamma)
+    x = jnp.ones((2, gamma.shape[-1]), jnp.float32)
+    y = np.asarray(jrn.rms_norm(x, jnp.asarray(gamma), eps=0.0))
+    np.testing.assert_array_equal(y[0].view(np.uint32), gamma.view(np.uint32))
+    return x, jnp.asarray(gamma), y
+
+
+@pytest.mark.parametrize("out_dtype", [E4M3, E5M2], ids=dname)
+def test_mxfp8_codes_around_the_float32_path(out_dtype):
+    # The CPU codes a block in plain float32 where its E8M0 exponent e is at
+    # least 19, else exactly: blocks on either side of that edge (and at the
+    # ends of e's range), each from its max down to the least normal floats,
+    # zeros of both signs, are the reference's bit for bit.
+    top = float(ml_dtypes.finfo(out_dtype).max)
+    blocks = []
+    for e in [0, 1, 17, 18, 19, 20, 60, 127, 200, 239 if out_dtype == E5M2 else 246]:
+        amax = top * 2.0 ** (e - 127) * 0.75  # rounds up to 2^(e - 127)
+        vals = [amax * f for f in (1, -0.999, 0.5, 2.0 ** -8, -(2.0 ** -15), 2.0 ** -30, -(2.0 ** -60))]
+        vals += [v for v in (2.0 ** -126, -1.5 * 2.0 ** -126, 2.0 ** -120) if abs(v) < amax] + [0.0, -0.0]
+        blocks.append(np.resize(np.asarray(vals, np.float32), 32))
+    x, gamma, y = _exact_y(np.concatenate(blocks))
+    q, s = jrn.rms_norm_mxfp8(x, gamma, eps=0.0, out_dtype=out_dtype)
+    rq, rs = quantize_blocks(y, "mxfp8", out_dtype, 32)
+    np.testing.assert_array_equal(_bits(s), rs)
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    assert len(np.unique(rs)) == len(blocks)
+
+
+@pytest.mark.parametrize("global_scale", [2.0 ** -130, 2.0 ** -101, 2.0 ** -100, 2.0 ** -99, 3e-3, 1.0, 2.0 ** 100,
+                                          2.0 ** 127, float(np.finfo(np.float32).max)], ids=lambda g: f"{g:.3g}")
+def test_nvfp4_codes_around_the_float32_path(global_scale):
+    # The CPU divides in plain float32 where |global_scale| is from 2**-100 to
+    # the largest float, else exactly: values from 2**-126 to 2**126, so that
+    # y / global_scale and its block scale run from subnormal to overflowing,
+    # are coded as the reference codes them.
+    rng = np.random.default_rng(11)
+    mags = 2.0 ** np.repeat(np.arange(-126, 127, 9), 16)[:, None] * rng.uniform(0.5, 1.0, (1, 1))
+    vals = (mags.ravel() * rng.choice([-1.0, 1.0], mags.size) * rng.uniform(0.2, 1.0, mags.size)).astype(np.float32)
+    x, gamma, y = _exact_y(vals[: vals.size // 16 * 16])
+    g = np.float32(global_scale)
+    q, s = jrn.rms_norm_nvfp4(x, gamma, eps=0.0, global_scale=g)
+    rq, rs = quantize_blocks(y, "nvfp4", E2M1, 16, global_scale=g)
+    np.testing.assert_array_equal(_bits(s), _bits(rs))
+    np.testing.assert_array_equal(_bits(q), _bits(rq))
+    assert len(np.unique(_bits(q))) > 4
+
 # ---------------------------------------------------------------------------
 # the columnwise copy (transpose=True): the float32 y of all rows transposed
 # to (hidden, rows) and quantized along the rows in blocks of the same size

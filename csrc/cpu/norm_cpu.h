@@ -180,7 +180,18 @@ inline uint32_t f32_rounded(double d) {
 // The float32 quotient (bits) of float32 bits `a` by the exact value `b`.
 inline uint32_t f32_div(uint32_t a, double b) { return f32_rounded(f32_exact(a) / b); }
 
+// The blocks' fast paths: where the only subnormal operands or results of
+// the float32 arithmetic are ones whose code is a zero of their sign either
+// way, plain float32 products and quotients give the exact paths' codes bit
+// for bit, subnormals flushed or not. (Under XLA's flushing threads y itself
+// is never subnormal; the bounds below hold where a thread does not flush.)
+
 // MXFP8: one block of n values of y into FP8 codes `q` and its E8M0 scale.
+// The codes are y * 2^(127 - e) rounded to FP8. Fast path (e >= 19; a finite
+// max gives e <= 247, so 2^(127 - e) is a normal float from 2^-120 to 2^108):
+// the product is exact where it is normal; a subnormal y or product lies
+// below 2^-18, which rounds to a zero of y's sign in both formats (E5M2's
+// least subnormal is 2^-16).
 inline void quantize_mxfp8(const float* y, int64_t n, Fp8 fmt, uint8_t* q, uint8_t* scale) {
   const uint32_t amax = float_bits(abs_max(y, n));
   if (amax >= 0x7f800000u) {  // NaN or an infinity
@@ -190,6 +201,10 @@ inline void quantize_mxfp8(const float* y, int64_t n, Fp8 fmt, uint8_t* q, uint8
   }
   const uint8_t e = e8m0_round_up(f32_div(amax, fp8_max(fmt)));
   *scale = e;
+  if (e >= 19) {
+    quantize_n(y, n, bits_float(static_cast<uint32_t>(254 - e) << 23), fmt, q);
+    return;
+  }
   const double inv = std::ldexp(1.0, 127 - e);  // y / 2^(e - 127), exact before the rounding to float32
   for (int64_t i = 0; i < n; ++i) {
     const float v = bits_float(f32_rounded(f32_exact(float_bits(y[i])) * inv));
@@ -197,12 +212,14 @@ inline void quantize_mxfp8(const float* y, int64_t n, Fp8 fmt, uint8_t* q, uint8
   }
 }
 
-// NVFP4: one block of n (even) values of y, divided by the exact global
-// scale g, into E2M1 codes and its E4M3 scale. XLA stores float4 arrays two
-// codes a byte, the first in the low 4 bits: `q` gets n / 2 bytes.
-inline void quantize_nvfp4(const float* y, int64_t n, double g, uint8_t* q, uint8_t* scale) {
+// NVFP4: one block of n (even) values of y, divided by the global scale g,
+// into E2M1 codes and its E4M3 scale. XLA stores float4 arrays two codes a
+// byte, the first in the low 4 bits: `q` gets n / 2 bytes. quot(a, b): the
+// float32 quotient (bits) of float32 bits a by float b.
+template <class Quot>
+inline void nvfp4_block(const float* y, int64_t n, float g, Quot quot, uint8_t* q, uint8_t* scale) {
   uint32_t amax = 0;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, f32_div(float_bits(y[i]), g) & 0x7fffffffu);
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, quot(float_bits(y[i]), g) & 0x7fffffffu);
   if (amax >= 0x7f800000u) {  // NaN or an infinity
     *scale = kE4M3Nan;
     std::memset(q, 0, static_cast<size_t>(n / 2));
@@ -210,22 +227,43 @@ inline void quantize_nvfp4(const float* y, int64_t n, double g, uint8_t* q, uint
   }
   // min(amax / 6, 448) rounded to E4M3: to_fp8 saturates at 448 (a float32
   // subnormal quotient, which it may read as zero, rounds to 0 either way).
-  const uint8_t s = to_fp8<Fp8::kE4M3>(bits_float(f32_div(amax, kFp4Max)));
+  const uint8_t s = to_fp8<Fp8::kE4M3>(bits_float(quot(amax, kFp4Max)));
   *scale = s;
-  const double sv = from_fp8(s, Fp8::kE4M3);
-  auto code = [&](int64_t i) -> uint8_t {
-    return s == 0 ? 0 : to_fp4(bits_float(f32_div(f32_div(float_bits(y[i]), g), sv)));
-  };
-  for (int64_t i = 0; i < n; i += 2) q[i / 2] = static_cast<uint8_t>(code(i) | (code(i + 1) << 4));
+  if (s == 0) {
+    std::memset(q, 0, static_cast<size_t>(n / 2));
+    return;
+  }
+  const float sv = from_fp8(s, Fp8::kE4M3);
+  // The codes a run of kNvfp4Block at a time, then paired (loops that vectorize).
+  for (int64_t i0 = 0; i0 < n; i0 += kNvfp4Block) {
+    const int64_t m = std::min<int64_t>(kNvfp4Block, n - i0);
+    uint8_t codes[kNvfp4Block];
+    for (int64_t i = 0; i < m; ++i) codes[i] = to_fp4(bits_float(quot(quot(float_bits(y[i0 + i]), g), sv)));
+    for (int64_t i = 0; i < m; i += 2) q[(i0 + i) / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
+  }
+}
+// Fast path (|g| from 2^-100 to the largest float): a subnormal y / g, or a
+// y / g from a subnormal y (below 2^-26 here), divided by a nonzero block
+// scale (at least 2^-9) stays below 2^-17, far under E2M1's first rounding
+// boundary (0.25): a zero of the quotient's sign either way, as is a
+// subnormal amax / 6 in E4M3. Otherwise each quotient is taken in double from
+// the operands' exact values.
+inline void quantize_nvfp4(const float* y, int64_t n, float g, uint8_t* q, uint8_t* scale) {
+  const uint32_t gbits = float_bits(g) & 0x7fffffffu;
+  if (gbits >= 27u << 23 && gbits < 0x7f800000u) {  // 2^-100 up
+    nvfp4_block(y, n, g, [](uint32_t a, float b) { return float_bits(bits_float(a) / b); }, q, scale);
+  } else {
+    nvfp4_block(y, n, g, [](uint32_t a, float b) { return f32_div(a, f32_exact(float_bits(b))); }, q, scale);
+  }
 }
 
 // One group of n values v of per-group output (Quant::kGroup), by
 // a.group_scale's rule: its codes into q (NVFP4: n / 2 bytes, two codes a
 // byte) and its scale into *fscale (float32 rules) or *bscale (block-scaled).
-// g: NVFP4's exact global scale. The rowwise output and the columnwise copy
+// g: NVFP4's global scale. The rowwise output and the columnwise copy
 // both quantize through here.
 inline void quantize_group(const FwdArgs& a, const float* v, int64_t n, uint8_t* q, float* fscale, uint8_t* bscale,
-                           double g) {
+                           float g) {
   if (a.group_scale == GroupScale::kE8M0) {
     quantize_mxfp8(v, n, a.fp8, q, bscale);
   } else if (a.group_scale == GroupScale::kNvfp4) {
@@ -667,7 +705,7 @@ struct CpuKernels {
       } else {  // per group
         const int64_t G = a.group_size, per_row = H / G;
         const bool fp4 = a.group_scale == GroupScale::kNvfp4;  // two codes a byte (H is even)
-        const double g = fp4 ? f32_exact(float_bits(a.scale[a.tensor_of(r)])) : 0.0;
+        const float g = fp4 ? a.scale[a.tensor_of(r)] : 0.f;
         uint8_t* qr = static_cast<uint8_t*>(a.y) + (fp4 ? r * H / 2 : r * H);
         for (int64_t c = 0; c < per_row; ++c) {
           const int64_t i = r * per_row + c;
@@ -689,18 +727,27 @@ struct CpuKernels {
     const int64_t columns = (a.tensors <= 1 ? 1 : a.tensors) * H;
     const int64_t grain = row_grain(R);  // columns of R values, as rows are of H
     run_chunks(pool, columns, chunk_count(pool, columns, grain), [&](int64_t, int64_t k0, int64_t k1) {
-      std::vector<float> v(static_cast<size_t>(G));
-      for (int64_t k = k0; k < k1; ++k) {  // column k % H of tensor k / H
-        const int64_t t = k / H, c = k % H;
-        const double g = fp4 ? f32_exact(float_bits(a.scale[t])) : 0.0;
+      // A run of up to kColumnRun columns of one tensor at a time: each
+      // block of G rows is read along its rows and transposed into v
+      // (v[i * G + j]: column i's row j), then quantized column by column.
+      constexpr int64_t kColumnRun = 64;
+      std::vector<float> v(static_cast<size_t>(G * kColumnRun));
+      for (int64_t k = k0; k < k1;) {  // column k % H of tensor k / H
+        const int64_t t = k / H, c = k % H, m = std::min({kColumnRun, k1 - k, H - c});
+        const float g = fp4 ? a.scale[t] : 0.f;
         for (int64_t b = 0; b < per_col; ++b) {
           const float* src = y + (t * R + b * G) * H + c;
-          for (int64_t j = 0; j < G; ++j) v[j] = src[j * H];
-          const int64_t e = k * R + b * G, i = k * per_col + b;  // first code, scale
-          quantize_group(a, v.data(), G, static_cast<uint8_t*>(a.qt) + (fp4 ? e / 2 : e),
-                         block ? nullptr : static_cast<float*>(a.qt_scales) + i,
-                         block ? static_cast<uint8_t*>(a.qt_scales) + i : nullptr, g);
+          for (int64_t j = 0; j < G; ++j) {
+            for (int64_t i = 0; i < m; ++i) v[i * G + j] = src[j * H + i];
+          }
+          for (int64_t i = 0; i < m; ++i) {
+            const int64_t e = (k + i) * R + b * G, s = (k + i) * per_col + b;  // first code, scale
+            quantize_group(a, v.data() + i * G, G, static_cast<uint8_t*>(a.qt) + (fp4 ? e / 2 : e),
+                           block ? nullptr : static_cast<float*>(a.qt_scales) + s,
+                           block ? static_cast<uint8_t*>(a.qt_scales) + s : nullptr, g);
+          }
         }
+        k += m;
       }
     });
   }
