@@ -60,23 +60,25 @@ for step in "$@"; do
       # opcode, the stall reasons, the lines with most stall samples. BLOCK_OPS, BLOCK_KERNEL and BLOCK_HIDDEN (one
       # or more widths; rows a multiple of 32, about 2^25 elements) choose, e.g. the columnwise copy's kernel:
       # BLOCK_OPS="rms_mxfp8_t ln_mxfp8_t" BLOCK_KERNEL=fwd_tiles BLOCK_HIDDEN="4096 16384". The rest (per op and
-      # width the report, its details, raw metrics, SASS lines' counts and samples) goes into $OUT/ncu_block.tgz.
-      nd=/tmp/ncu_block; rm -rf "$nd"; mkdir -p "$nd"
+      # width its details, raw metrics, SASS lines' counts and samples) goes into $OUT/ncu_<kernel>.tgz (one
+      # archive a kernel, so both kernels' profiles come back from one call; the reports stay in /tmp/ncu_reps).
+      kn=${BLOCK_KERNEL:-fwd_slices}; nd=/tmp/ncu_$kn; rm -rf "$nd"; mkdir -p "$nd" /tmp/ncu_reps
       for hd in ${BLOCK_HIDDEN:-4096}; do rows=$((2 ** 25 / hd / 32 * 32)); for op in ${BLOCK_OPS:-rms_mxfp8 rms_nvfp4}; do
         n="${op}_$hd"
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name "regex:${BLOCK_KERNEL:-fwd_slices}" \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name "regex:$kn" \
           --launch-skip 1 --launch-count 1 --section SourceCounters --section SpeedOfLight --section WarpStateStats \
           --section Occupancy --section LaunchStats \
-          -o "$nd/ncu_$n" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 > /dev/null 2>&1
-        ncu --import "$nd/ncu_$n.ncu-rep" --page details --print-details all > "$nd/details_$n.txt" 2>/dev/null
-        ncu --import "$nd/ncu_$n.ncu-rep" --page raw --csv > "$nd/raw_$n.csv" 2>/dev/null
-        ncu --import "$nd/ncu_$n.ncu-rep" --page source --csv --print-source sass > "$nd/src_$n.csv" 2>/dev/null
+          -f -o "/tmp/ncu_reps/$n" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 > /dev/null 2>&1
+        rep=/tmp/ncu_reps/$n.ncu-rep
+        ncu --import "$rep" --page details --print-details all > "$nd/details_$n.txt" 2>/dev/null
+        ncu --import "$rep" --page raw --csv > "$nd/raw_$n.csv" 2>/dev/null
+        ncu --import "$rep" --page source --csv --print-source sass > "$nd/src_$n.csv" 2>/dev/null
         echo "== $op ${rows}x$hd"
         grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Warp Cycles Per Issued|Achieved Occupancy|Stall [A-Z]" \
           "$nd/details_$n.txt" | head -16
         python3 tools/sass_summary.py --executed "$nd/src_$n.csv" $((rows * hd)) --dump "$nd/lines_$n.txt" | head -30
       done; done
-      tar czf "$OUT/ncu_block.tgz" -C /tmp ncu_block ;;
+      tar czf "$OUT/ncu_$kn.tgz" -C /tmp "ncu_$kn" ;;
     bench-unaligned)  # widths that are not a multiple of 8
       { python3 benchmarks/bench_norm.py --hidden 1001 2050 4097 4100 8191 8201 12290 14001 16383
         python3 benchmarks/bench_norm.py --hidden 4100 --param-dtype float32 --ops rms_fwd ln_fwd
