@@ -443,7 +443,6 @@ def test_mxfp8_scale_of_a_subnormal_quotient():
     np.testing.assert_array_equal(_bits(q), _bits(rq))
 
 
-
 def _exact_y(gamma):
     """gamma with its subnormals flushed to zeros of their sign (XLA's CPU
     flushes them), and x of ones: with eps 0, rstd is 1 and y is gamma."""
@@ -493,6 +492,7 @@ def test_nvfp4_codes_around_the_float32_path(global_scale):
     np.testing.assert_array_equal(_bits(s), _bits(rs))
     np.testing.assert_array_equal(_bits(q), _bits(rq))
     assert len(np.unique(_bits(q))) > 4
+
 
 # ---------------------------------------------------------------------------
 # the columnwise copy (transpose=True): the float32 y of all rows transposed

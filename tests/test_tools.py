@@ -128,7 +128,8 @@ def test_sass_summary_stall_samples(tmp_path):
     src.write_text('"Address","Source","Instructions Executed","Warp Stall Sampling (All Samples)"\n'
                    '"0x10","LDS.128 R4, [R2]","1,024","30"\n'
                    '"0x20","FADD R4, R4, R5","1,024","90"\n'
-                   '"0x30","EXIT","32","0"\n')
+                   '"0x30","BRA 0x10","64",""\n'
+                   '"0x40","EXIT","32","0"\n')
     dump = tmp_path / "lines.txt"
     script = TOOLS / "sass_summary.py"
     out = subprocess.run([sys.executable, str(script), "--executed", str(src), "--dump", str(dump)],
@@ -136,6 +137,6 @@ def test_sass_summary_stall_samples(tmp_path):
     at = next(i for i, line in enumerate(out) if "stall samples" in line)
     assert out[at].split()[0] == "120", out
     assert out[at + 1].split()[:3] == ["90", "75.0%", "0x20"] and out[at + 2].split()[:3] == ["30", "25.0%", "0x10"], out
-    assert len(out) == at + 3, out  # the line without samples is not listed
+    assert len(out) == at + 3, out  # the lines without samples are not listed
     assert dump.read_text().splitlines() == ["0x10 1024 30 LDS.128 R4, [R2]", "0x20 1024 90 FADD R4, R4, R5",
-                                             "0x30 32 0 EXIT"]
+                                             "0x30 64 0 BRA 0x10", "0x40 32 0 EXIT"]

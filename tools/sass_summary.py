@@ -109,15 +109,18 @@ def executed(args):
     head = [c.strip() for c in rows[at]]
     src, count, addr = head.index("Source"), head.index("Instructions Executed"), head.index("Address")
     stall = head.index(STALLS) if STALLS in head else None
-    number = lambda r, i: float(r[i].replace(",", ""))
+
+    def number(r, i):  # a cell's count, None where it holds none
+        try:
+            return float(r[i].replace(",", ""))
+        except (IndexError, ValueError):
+            return None
+
     by_op, lines, stalls = collections.Counter(), [], []
     for r in rows[at + 1:]:
-        try:
-            n = number(r, count)
-            k = number(r, stall) if stall is not None else None
-        except (IndexError, ValueError):
-            continue
-        if n > 0:
+        n = number(r, count)
+        k = (number(r, stall) or 0.0) if stall is not None else None  # a line without samples: 0
+        if n:
             by_op[opcode(r[src].strip())] += n
             lines.append(f"{r[addr].strip()} {n:.0f} " + (f"{k:.0f} " if k is not None else "") + r[src].strip())
             if k:
