@@ -140,3 +140,12 @@ def test_sass_summary_stall_samples(tmp_path):
     assert len(out) == at + 3, out  # the lines without samples are not listed
     assert dump.read_text().splitlines() == ["0x10 1024 30 LDS.128 R4, [R2]", "0x20 1024 90 FADD R4, R4, R5",
                                              "0x30 64 0 BRA 0x10", "0x40 32 0 EXIT"]
+
+
+def test_sass_summary_without_source_page(tmp_path):
+    # A CSV without the source page's header (ncu wrote an error instead) is refused by name, not a traceback.
+    src = tmp_path / "src.csv"
+    src.write_text("==ERROR== Could not open report file 'x.ncu-rep'.\n")
+    out = subprocess.run([sys.executable, str(TOOLS / "sass_summary.py"), "--executed", str(src)],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "no source page" in out.stderr and "Traceback" not in out.stderr, out

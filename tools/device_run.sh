@@ -57,7 +57,7 @@ for step in "$@"; do
       KERNELS=fwd_slices COUNT=1 bash tools/ncu_run.sh 512 262144 rms_fwd ln_fwd
       KERNELS=bwd_ COUNT=2 bash tools/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
     ncu-block)  # where the block-scaled forward spends its instructions and its warps wait: executed SASS by
-      # opcode, the stall reasons, the lines with most stall samples. BLOCK_OPS, BLOCK_KERNEL and BLOCK_HIDDEN (one
+      # opcode, the pipes' shares of their peaks (ALU, FMA, ...), the stall reasons, the lines with most stall samples. BLOCK_OPS, BLOCK_KERNEL and BLOCK_HIDDEN (one
       # or more widths; rows a multiple of 32, about 2^25 elements) choose, e.g. the columnwise copy's kernel:
       # BLOCK_OPS="rms_mxfp8_t ln_mxfp8_t" BLOCK_KERNEL=fwd_tiles BLOCK_HIDDEN="4096 16384". The rest (per op and
       # width its details, raw metrics, SASS lines' counts and samples) goes into $OUT/ncu_<kernel>.tgz (one
@@ -67,16 +67,19 @@ for step in "$@"; do
         n="${op}_$hd"
         XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name "regex:$kn" \
           --launch-skip 1 --launch-count 1 --section SourceCounters --section SpeedOfLight --section WarpStateStats \
-          --section Occupancy --section LaunchStats \
-          -f -o "/tmp/ncu_reps/$n" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 > /dev/null 2>&1
+          --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats \
+          --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_adu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_cbu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_active \
+          -f -o "/tmp/ncu_reps/$n" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 \
+          > "$nd/run_$n.log" 2>&1
         rep=/tmp/ncu_reps/$n.ncu-rep
+        [ -f "$rep" ] || { echo "== $op ${rows}x$hd: no report (run_$n.log):"; tail -5 "$nd/run_$n.log"; continue; }
         ncu --import "$rep" --page details --print-details all > "$nd/details_$n.txt" 2>/dev/null
         ncu --import "$rep" --page raw --csv > "$nd/raw_$n.csv" 2>/dev/null
         ncu --import "$rep" --page source --csv --print-source sass > "$nd/src_$n.csv" 2>/dev/null
         echo "== $op ${rows}x$hd"
-        grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Warp Cycles Per Issued|Achieved Occupancy|Stall [A-Z]" \
-          "$nd/details_$n.txt" | head -16
-        python3 tools/sass_summary.py --executed "$nd/src_$n.csv" $((rows * hd)) --dump "$nd/lines_$n.txt" | head -30
+        grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Warp Cycles Per Issued|Achieved Occupancy|Stall [A-Z]|Issue Slots Busy|pipe_" \
+          "$nd/details_$n.txt" | sed -n 1,30p
+        python3 tools/sass_summary.py --executed "$nd/src_$n.csv" $((rows * hd)) --dump "$nd/lines_$n.txt" | sed -n 1,30p
       done; done
       tar czf "$OUT/ncu_$kn.tgz" -C /tmp "ncu_$kn" ;;
     bench-unaligned)  # widths that are not a multiple of 8

@@ -63,6 +63,7 @@ def ops(x, g, b, dy):
         "ln_fp8_current_t": lambda: jrn.layer_norm_fp8_current(x, g, b, transpose=True),
         "rms_mxfp8": lambda: jrn.rms_norm_mxfp8(x, g),
         "rms_mxfp8_t": lambda: jrn.rms_norm_mxfp8(x, g, transpose=True),  # and the columnwise copy
+        "ln_mxfp8": lambda: jrn.layer_norm_mxfp8(x, g, b),
         "rms_nvfp4": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL)),
         "ln_nvfp4": lambda: jrn.layer_norm_nvfp4(x, g, b, global_scale=jnp.float32(NVFP4_GLOBAL)),
         "rms_nvfp4_t": lambda: jrn.rms_norm_nvfp4(x, g, global_scale=jnp.float32(NVFP4_GLOBAL), transpose=True),

@@ -105,7 +105,9 @@ def executed(args):
     path, elems = args[0], float(args[1]) if len(args) > 1 else 0.0
     with open(path, newline="", errors="replace") as f:
         rows = list(csv.reader(f))
-    at = next(i for i, r in enumerate(rows) if "Source" in (c.strip() for c in r))
+    at = next((i for i, r in enumerate(rows) if "Source" in (c.strip() for c in r)), None)
+    if at is None:
+        sys.exit(f"sass_summary: {path} has no source page (no row naming a 'Source' column)")
     head = [c.strip() for c in rows[at]]
     src, count, addr = head.index("Source"), head.index("Instructions Executed"), head.index("Address")
     stall = head.index(STALLS) if STALLS in head else None
