@@ -96,7 +96,7 @@ void plan_slices(FwdPlan& plan, const FwdProblem& p, int64_t nvec) {
   if (cluster == 1) {
     if (slice_one_cta(k) || slice_one_cta_group(k)) {
       v = SliceVariant::kHeldParams, plan.rule = slice_one_cta(k) ? "slice-one-cta" : "slice-one-cta-group";
-    } else if (slice_one_cta_warp(k) && (tpr == 32 || (k.quant == Quant::kGroup && tpr < kSliceRmsHoldThreads))) {
+    } else if (slice_one_cta_warp(k) && tpr == 32) {
       v = SliceVariant::kHeldParams, plan.rule = "slice-one-cta-warp";
     } else if (slice_one_cta_plain(k) && tpr > kBlockThreads) {
       v = SliceVariant::kHeldParams, plan.rule = "slice-one-cta-plain";
