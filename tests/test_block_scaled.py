@@ -748,9 +748,13 @@ def test_block_formats_refuse_other_group_sizes(rule, block, codes, platform):
         jax.block_until_ready(out)
 
 
-# fwd_regs, fwd_slices (one-warp CTAs, held parameters, held y, wide rows),
-# fwd_stream (float32 at 262144): describe_plan says which takes each.
-@pytest.mark.parametrize("shape", [(37, 256), (8, 4096), (3, 12288), (600, 1024), (16, 65536), (4, 262144)], ids=str)
+# fwd_regs, fwd_slices (one-warp CTAs, held parameters, held y, wide rows;
+# rows that do not fill the CTA's threads: 2560 is 320 packs of 16-bit x on
+# 96 threads, whose last warps hold no fourth pack, 2176 is 272, whose third
+# warp holds half of its third), fwd_stream (float32 at 262144):
+# describe_plan says which takes each.
+@pytest.mark.parametrize("shape", [(37, 256), (8, 4096), (3, 12288), (600, 1024), (16, 65536), (4, 262144),
+                                   (24, 2560), (40, 2176)], ids=str)
 @pytest.mark.parametrize("fmt", list(GPU_FORMATS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("kind", KINDS)
