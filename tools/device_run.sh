@@ -57,18 +57,20 @@ for step in "$@"; do
       KERNELS=fwd_slices COUNT=1 bash tools/ncu_run.sh 512 262144 rms_fwd ln_fwd
       KERNELS=bwd_ COUNT=2 bash tools/ncu_run.sh 512 262144 rms_bwd ln_bwd ;;
     ncu-block)  # where the block-scaled forward spends its instructions and its warps wait: executed SASS by
-      # opcode, the pipes' shares of their peaks (ALU, FMA, ...), the stall reasons, the lines with most stall samples. BLOCK_OPS, BLOCK_KERNEL and BLOCK_HIDDEN (one
+      # opcode, each pipe's instructions as a share of its peak (ComputeWorkloadAnalysis tabulates the rest), the
+      # stall reasons, the lines with most stall samples. BLOCK_OPS, BLOCK_KERNEL and BLOCK_HIDDEN (one
       # or more widths; rows a multiple of 32, about 2^25 elements) choose, e.g. the columnwise copy's kernel:
       # BLOCK_OPS="rms_mxfp8_t ln_mxfp8_t" BLOCK_KERNEL=fwd_tiles BLOCK_HIDDEN="4096 16384". The rest (per op and
       # width its details, raw metrics, SASS lines' counts and samples) goes into $OUT/ncu_<kernel>.tgz (one
       # archive a kernel, so both kernels' profiles come back from one call; the reports stay in /tmp/ncu_reps).
       kn=${BLOCK_KERNEL:-fwd_slices}; nd=/tmp/ncu_$kn; rm -rf "$nd"; mkdir -p "$nd" /tmp/ncu_reps
+      pipes=$(printf 'sm__inst_executed_pipe_%s.avg.pct_of_peak_sustained_active,' alu fma fmaheavy lsu xu)
       for hd in ${BLOCK_HIDDEN:-4096}; do rows=$((2 ** 25 / hd / 32 * 32)); for op in ${BLOCK_OPS:-rms_mxfp8 rms_nvfp4}; do
         n="${op}_$hd"
         XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 ncu --clock-control none --kernel-name "regex:$kn" \
           --launch-skip 1 --launch-count 1 --section SourceCounters --section SpeedOfLight --section WarpStateStats \
           --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats \
-          --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fp16.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_adu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_cbu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_uniform.avg.pct_of_peak_sustained_active \
+          --metrics "${pipes%,}" \
           -f -o "/tmp/ncu_reps/$n" python3 tools/profile_ops.py "$op" --rows "$rows" --hidden "$hd" --calls 2 \
           > "$nd/run_$n.log" 2>&1
         rep=/tmp/ncu_reps/$n.ncu-rep
