@@ -187,6 +187,13 @@ __device__ __forceinline__ void store_nvfp4(uint8_t* dst, const float (&y)[N], c
   }
 }
 
+// The rule a kernel codes by: kRule, a GroupScale fixed at compile time
+// (kRule >= 0), else the call's.
+template <int kRule = -1>
+__device__ __forceinline__ GroupScale rule_of(const FwdArgs& a) {
+  return kRule >= 0 ? static_cast<GroupScale>(kRule) : a.group_scale;
+}
+
 // The group size of rule kRule, a GroupScale fixed at compile time (kRule >=
 // 0: NVFP4's and MXFP8's are constants, block_group_size; the FFI refuses
 // others), else the call's.
@@ -208,21 +215,42 @@ __device__ __forceinline__ void with_block_rule(GroupScale rule, F&& f) {
   }
 }
 
-// A group's codes of N values of y at element `idx` of the codes at `q`
-// (FP8 or NVFP4 by the rule): q, or the columnwise copy q_t.
-// kRule >= 0: the rule fixed at compile time (a GroupScale), else a.group_scale's.
+template <int kRule = -1>
+__device__ __forceinline__ bool nvfp4_rule(const FwdArgs& a) {
+  return rule_of<kRule>(a) == GroupScale::kNvfp4;
+}
+
+// The byte that holds the code of element `idx` of the codes at `codes`
+// (FP8: one an element; NVFP4: two a byte; rule_of). Kernels take a row's
+// once and add its columns' offsets (code_offset) in 32-bit arithmetic.
+template <int kRule = -1>
+__device__ __forceinline__ uint8_t* codes_at(const FwdArgs& a, void* codes, int64_t idx) {
+  return static_cast<uint8_t*>(codes) + (nvfp4_rule<kRule>(a) ? idx / 2 : idx);
+}
+template <int kRule = -1>
+__device__ __forceinline__ int code_offset(const FwdArgs& a, int col) {
+  return nvfp4_rule<kRule>(a) ? col / 2 : col;  // col: a multiple of the pack's elements
+}
+
+// A group's codes of N values of y at `dst` (codes_at: FP8 or NVFP4 by the
+// rule): into q, or the columnwise copy q_t.
+template <int N, int kRule = -1>
+__device__ __forceinline__ void store_codes_at(const FwdArgs& a, uint8_t* dst, float (&y)[N],
+                                               const GroupGlobal& global, const GroupCode& c) {
+  if (nvfp4_rule<kRule>(a)) {
+    if constexpr (N % 2 == 0) store_nvfp4<N>(dst, y, global, c);  // odd N never: callers pair elements
+  } else if (c.finite) {
+    store_q<N>(dst, a.fp8, y, c.mul);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = static_cast<uint8_t>(fp8_nan_code(a.fp8));
+  }
+}
+// The same at element `idx` of the codes at `codes`.
 template <int N, int kRule = -1>
 __device__ __forceinline__ void store_codes(const FwdArgs& a, void* codes, int64_t idx, float (&y)[N],
                                             const GroupGlobal& global, const GroupCode& c) {
-  uint8_t* q = static_cast<uint8_t*>(codes);
-  if ((kRule >= 0 ? static_cast<GroupScale>(kRule) : a.group_scale) == GroupScale::kNvfp4) {
-    if constexpr (N % 2 == 0) store_nvfp4<N>(q + idx / 2, y, global, c);  // odd N never: callers pair elements
-  } else if (c.finite) {
-    store_q<N>(q + idx, a.fp8, y, c.mul);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) q[idx + j] = static_cast<uint8_t>(fp8_nan_code(a.fp8));
-  }
+  store_codes_at<N, kRule>(a, codes_at<kRule>(a, codes, idx), y, global, c);
 }
 template <int N, int kRule = -1>
 __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float (&y)[N], const GroupGlobal& global,
@@ -230,34 +258,51 @@ __device__ __forceinline__ void store_group(const FwdArgs& a, int64_t idx, float
   store_codes<N, kRule>(a, a.y, idx, y, global, c);
 }
 
-// The scale of group `index` (of a row-major rows x hidden / group_size grid)
-// from its max |y|, stored where the rule keeps it if `store` (one of the
-// threads sharing a group); returns the group's coding. kFloat and kPow2 keep
-// float32 scales (quant_scale, then pow2_ceil_scale); the block formats a byte each.
-// `scales`: q's (group_scales), or q_t's.
+// Where scale `index` of group scales `scales` lies: bytes for the block
+// formats (E8M0, NVFP4's E4M3), float32 for the others. Kernels take a
+// row's once and index it by its columns' groups in 32-bit arithmetic.
 template <int kRule = -1>
-__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
-                                                 const GroupGlobal& global, bool store = true) {
+__device__ __forceinline__ void* scale_at(const FwdArgs& a, void* scales, int64_t index) {
+  const GroupScale rule = rule_of<kRule>(a);
+  const bool bytes = rule == GroupScale::kE8M0 || rule == GroupScale::kNvfp4;
+  return bytes ? static_cast<void*>(static_cast<uint8_t*>(scales) + index)
+               : static_cast<void*>(static_cast<float*>(scales) + index);
+}
+
+// A group's scale from its max |y|, stored at `at` (scale_at) if `store` (one
+// of the threads sharing a group); returns the group's coding. kFloat and
+// kPow2 keep float32 scales (quant_scale, then pow2_ceil_scale); the block
+// formats a byte each.
+template <int kRule = -1>
+__device__ __forceinline__ GroupCode group_scale_at(const FwdArgs& a, void* at, float gm, const GroupGlobal& global,
+                                                    bool store = true) {
   GroupCode c;
-  switch (kRule >= 0 ? static_cast<GroupScale>(kRule) : a.group_scale) {
+  switch (rule_of<kRule>(a)) {
     case GroupScale::kE8M0: {
       const uint8_t e = mxfp8_scale(gm, a.fp8, c);
-      if (store) static_cast<uint8_t*>(scales)[index] = e;
+      if (store) *static_cast<uint8_t*>(at) = e;
       break;
     }
     case GroupScale::kNvfp4: {
       const uint8_t s = nvfp4_scale(gm, global, c);
-      if (store) static_cast<uint8_t*>(scales)[index] = s;
+      if (store) *static_cast<uint8_t*>(at) = s;
       break;
     }
     default: {
       float s = quant_scale(gm, a.fp8, a.scale_ub);
-      if (a.group_scale == GroupScale::kPow2) s = pow2_ceil_scale(s);  // then 1 / s is exact
-      if (store) static_cast<float*>(scales)[index] = s;
+      if (rule_of<kRule>(a) == GroupScale::kPow2) s = pow2_ceil_scale(s);  // then 1 / s is exact
+      if (store) *static_cast<float*>(at) = s;
       c.mul = 1.f / s;
     }
   }
   return c;
+}
+// The same for group `index` of a row-major rows x hidden / group_size grid
+// of scales: q's (group_scales), or q_t's.
+template <int kRule = -1>
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
+                                                 const GroupGlobal& global, bool store = true) {
+  return group_scale_at<kRule>(a, scale_at<kRule>(a, scales, index), gm, global, store);
 }
 // Where the group scales of q go: bytes for the block formats, else float32.
 __device__ __forceinline__ void* group_scales(const FwdArgs& a) {

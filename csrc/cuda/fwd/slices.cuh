@@ -228,6 +228,9 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
   };
   int st = 0;
   for (int64_t row = slot; row < rows; row += used, st ^= 1) {
+    // NVFP4's global scale, read before the row's copy is waited for: its
+    // load is not left to hold up the output pass.
+    [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
     if constexpr (kOwnCopies) {
       cp_async_wait<1>();  // this row's group; the next row's may still be in flight
     } else if (slice_bytes > 0) {
@@ -527,11 +530,16 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
           // MXFP8's and NVFP4's group size) a compile-time constant there: no
           // switch on the rule and no chain of shuffles by the group's lanes
           // an item (docs/tuning.md, block-rule-loops). kRule < 0: kGroup's.
+          // The row's codes and scales are addressed from its first element's
+          // (codes_at, scale_at), each pack adding its column's offset in
+          // 32-bit arithmetic.
           constexpr bool kLateRstd = K == NormKind::kRms && Q == Quant::kGroup;
-          [[maybe_unused]] const GroupGlobal global = Q == Quant::kBlock ? group_global(a, row) : GroupGlobal{};
           auto items = [&](auto rule) {
             constexpr int kRule = decltype(rule)::value;
             const Pow2Groups groups(rule_group_size<kRule>(a), VEC);
+            [[maybe_unused]] uint8_t* const codes = held(codes_at<kRule>(a, a.y, out));
+            void* const srow = held(Q == Quant::kGroup ? static_cast<void*>(a.qscale + (out >> groups.shift))
+                                                       : scale_at<kRule>(a, scales, out >> groups.shift));
 #pragma unroll
             for (int i = 0; i < kSliceItems; ++i) {
               float v[VEC];
@@ -546,14 +554,15 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
               gm = groups.max_over_lanes(gm);
               if constexpr (kLateRstd) gm *= rstd;
               if (in[i]) {
+                const int col = local(i), group = col >> groups.shift;
                 if constexpr (Q == Quant::kGroup) {
                   const float scale = quant_scale(gm, a.fp8, a.scale_ub);
-                  store_q<VEC>(qrow + local(i), a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
-                  if (groups.leader()) a.qscale[groups.index(out + local(i))] = scale;
+                  store_q<VEC>(qrow + col, a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
+                  if (groups.leader()) static_cast<float*>(srow)[group] = scale;
                 } else {
                   const GroupCode code =
-                      group_scale<kRule>(a, scales, groups.index(out + local(i)), gm, global, groups.leader());
-                  store_group<VEC, kRule>(a, out + local(i), v, global, code);
+                      group_scale_at<kRule>(a, scale_at<kRule>(a, srow, group), gm, global, groups.leader());
+                  store_codes_at<VEC, kRule>(a, codes + code_offset<kRule>(a, col), v, global, code);
                 }
               }
             }
