@@ -269,13 +269,15 @@ __device__ __forceinline__ void* scale_at(const FwdArgs& a, void* scales, int64_
                : static_cast<void*>(static_cast<float*>(scales) + index);
 }
 
-// A group's scale from its max |y|, stored at `at` (scale_at) if `store` (one
-// of the threads sharing a group); returns the group's coding. kFloat and
-// kPow2 keep float32 scales (quant_scale, then pow2_ceil_scale); the block
-// formats a byte each.
+// The scale of group `index` of group scales `scales` (scale_at: q's
+// group_scales, q_t's, or a row's from its first group) from its max |y|,
+// stored if `store` (one of the threads sharing a group); returns the group's
+// coding. kFloat and kPow2 keep float32 scales (quant_scale, then
+// pow2_ceil_scale); the block formats a byte each.
 template <int kRule = -1>
-__device__ __forceinline__ GroupCode group_scale_at(const FwdArgs& a, void* at, float gm, const GroupGlobal& global,
-                                                    bool store = true) {
+__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
+                                                 const GroupGlobal& global, bool store = true) {
+  void* const at = scale_at<kRule>(a, scales, index);
   GroupCode c;
   switch (rule_of<kRule>(a)) {
     case GroupScale::kE8M0: {
@@ -296,13 +298,6 @@ __device__ __forceinline__ GroupCode group_scale_at(const FwdArgs& a, void* at, 
     }
   }
   return c;
-}
-// The same for group `index` of a row-major rows x hidden / group_size grid
-// of scales: q's (group_scales), or q_t's.
-template <int kRule = -1>
-__device__ __forceinline__ GroupCode group_scale(const FwdArgs& a, void* scales, int64_t index, float gm,
-                                                 const GroupGlobal& global, bool store = true) {
-  return group_scale_at<kRule>(a, scale_at<kRule>(a, scales, index), gm, global, store);
 }
 // Where the group scales of q go: bytes for the block formats, else float32.
 __device__ __forceinline__ void* group_scales(const FwdArgs& a) {

@@ -560,8 +560,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
                   store_q<VEC>(qrow + col, a.fp8, v, kLateRstd ? rstd * quant_rcp(scale) : quant_rcp(scale));
                   if (groups.leader()) static_cast<float*>(srow)[group] = scale;
                 } else {
-                  const GroupCode code =
-                      group_scale_at<kRule>(a, scale_at<kRule>(a, srow, group), gm, global, groups.leader());
+                  const GroupCode code = group_scale<kRule>(a, srow, group, gm, global, groups.leader());
                   store_codes_at<VEC, kRule>(a, codes + code_offset<kRule>(a, col), v, global, code);
                 }
               }
