@@ -155,6 +155,12 @@ def test_plan_examples():
                          group_scale="e8m0").startswith("fwd_slices")
     assert describe_plan("fwd", "rms", (4, 4096), "bfloat16", quant="group", group_size=16, group_scale="nvfp4",
                          aligned=False).startswith("fwd_stream")
+    # LayerNorm's per-group outputs hold gamma and beta in registers where the
+    # row fills its CTA's threads (4096: 128 x 4 packs), not where it does not
+    # (2560: 96 threads for 80 x 4 packs).
+    mx = dict(quant="group", group_size=32, group_scale="e8m0")
+    assert describe_plan("fwd", "layer", (32768, 4096), "bfloat16", **mx).startswith("fwd_slices[held_params,whole]")
+    assert describe_plan("fwd", "layer", (52428, 2560), "bfloat16", **mx).startswith("fwd_slices[base] ")
 
 
 def test_describe_plan_errors():

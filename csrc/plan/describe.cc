@@ -105,7 +105,7 @@ std::string describe(const FwdPlan& p) {
   // A plan must name an instance the units compile (plan.h's *_exists).
   const bool exists = p.kernel == FwdKernel::kDecode   ? decode_exists(p.key, p.decode)
                       : p.kernel == FwdKernel::kRegs   ? regs_exists(p.key, p.regs)
-                      : p.kernel == FwdKernel::kSlices ? slice_exists(p.key, p.slice) && (!p.whole || slice_whole_exists(p.key))
+                      : p.kernel == FwdKernel::kSlices ? slice_instance_exists(p.key, p.slice, p.whole)
                       : p.kernel == FwdKernel::kTwoPass ? two_pass_exists(p.key)
                       : p.kernel == FwdKernel::kUnaligned ? unaligned_exists(p.key.quant)
                                                           : true;

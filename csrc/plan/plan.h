@@ -365,6 +365,13 @@ constexpr bool slice_exists(FwdKey k, SliceVariant v) {
 // WHOLE instances (every pack inside the row: no per-pack test): 16-bit x
 // with parameters in x's dtype.
 constexpr bool slice_whole_exists(FwdKey k) { return k.narrow() && k.param == k.x; }
+// The fwd_slices instances the units compile: a configuration of the output,
+// WHOLE or not. LayerNorm's per-group output holds its parameters only where
+// its rows fill the CTA (slice-one-cta-group).
+constexpr bool slice_instance_exists(FwdKey k, SliceVariant v, bool whole) {
+  if (whole) return slice_exists(k, v) && slice_whole_exists(k);
+  return slice_exists(k, v) && !(v == SliceVariant::kHeldParams && slice_one_cta_group(k));
+}
 
 // The two passes: the plain norm, per-tensor FP8 or RMSNorm's per-row FP8.
 constexpr bool two_pass_exists(FwdKey k) {

@@ -92,10 +92,15 @@ void plan_slices(FwdPlan& plan, const FwdProblem& p, int64_t nvec) {
   if (staged || staged_row) smem += 2 * stage_bytes;                   // gamma's and beta's packs
   if (staged_p32) smem += 2 * stage_bytes * (k.param_pack_bytes() / 16);  // as float32, two pieces a pack
 
+  // Whether the row's packs fill the CTAs' threads exactly (a WHOLE instance).
+  const bool whole = slice_whole_exists(k) && fills_threads(nvec, k.vec, p.hidden, cluster, tpr, kSliceItems);
   SliceVariant v = SliceVariant::kBase;
   if (cluster == 1) {
-    if (slice_one_cta(k) || slice_one_cta_group(k)) {
-      v = SliceVariant::kHeldParams, plan.rule = slice_one_cta(k) ? "slice-one-cta" : "slice-one-cta-group";
+    if (slice_one_cta(k)) {
+      v = SliceVariant::kHeldParams, plan.rule = "slice-one-cta";
+    } else if (slice_one_cta_group(k)) {  // parameters held where the row fills the CTA
+      if (whole) v = SliceVariant::kHeldParams;
+      plan.rule = "slice-one-cta-group";
     } else if (slice_one_cta_warp(k) && tpr == 32) {
       v = SliceVariant::kHeldParams, plan.rule = "slice-one-cta-warp";
     } else if (slice_one_cta_plain(k) && tpr > kBlockThreads) {
@@ -125,7 +130,7 @@ void plan_slices(FwdPlan& plan, const FwdProblem& p, int64_t nvec) {
   plan.cluster = cluster;
   plan.threads = tpr;
   plan.smem = smem;
-  plan.whole = slice_whole_exists(k) && fills_threads(nvec, k.vec, p.hidden, cluster, tpr, kSliceItems);
+  plan.whole = whole;
 }
 
 // fwd_decode's configuration for rows at most two an SM (see fwd-decode).

@@ -151,7 +151,7 @@ ffi::Error run_slices(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan
     constexpr plan::SliceVariant V = decltype(v)::value;
     constexpr bool W = decltype(whole)::value;
     constexpr plan::FwdKey key = fwd_key<K, Q, T, P, VEC>();
-    if constexpr (plan::slice_exists(key, V) && (!W || plan::slice_whole_exists(key))) {
+    if constexpr (plan::slice_instance_exists(key, V, W)) {
       auto kernel = fwd_slices<K, Q, T, P, VEC, V, W>;
       const size_t smem = static_cast<size_t>(p.smem);
       int resident = 0;

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kSliceThreads, slice_min_ctas(plan::slice_conf
   __trap();  // sm_90+ only (bulk copies, clusters): the plans send nothing older here
 #else
   constexpr plan::FwdKey kKey = fwd_key<K, Q, T, P, VEC>();
-  static_assert(plan::slice_exists(kKey, V) && (!WHOLE || plan::slice_whole_exists(kKey)),
+  static_assert(plan::slice_instance_exists(kKey, V, WHOLE),
                 "fwd_slices: a configuration the plan never picks for this output");
   constexpr plan::SliceConfig C = plan::slice_config(V);
   constexpr bool ONE_CTA = C.held_params, REFILL_AT_END = C.refill_at_end, STAGED_PARAMS = C.staged_params;
