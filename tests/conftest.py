@@ -32,6 +32,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="no GPU visible to JAX"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run the I-th of N interleaved parts of the selected tests (1 <= I <= N): "
+                          "the whole suite split over N runs")
+
+
+class _Shard:
+    """--shard I/N: keeps every N-th selected test from the I-th."""
+
+    @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs: the parts split what is left
+    def pytest_collection_modifyitems(self, config, items):
+        shard = config.getoption("--shard")
+        if not shard:
+            return
+        try:
+            i, n = (int(v) for v in shard.split("/"))
+        except ValueError:
+            i = n = 0
+        if not 1 <= i <= n:
+            raise pytest.UsageError(f"--shard: expected I/N with 1 <= I <= N, got {shard!r}")
+        config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i - 1])
+        items[:] = [item for k, item in enumerate(items) if k % n == i - 1]
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_Shard(), "jrn-shard")
+
+
 @pytest.fixture(params=["cpu", "gpu"])
 def platform(request):
     return request.param

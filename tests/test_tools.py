@@ -149,3 +149,20 @@ def test_sass_summary_without_source_page(tmp_path):
     out = subprocess.run([sys.executable, str(TOOLS / "sass_summary.py"), "--executed", str(src)],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "no source page" in out.stderr and "Traceback" not in out.stderr, out
+
+
+def test_pytest_shard_parts():
+    """conftest.py's --shard I/N: the N parts of a selection are disjoint and
+    make it whole; a malformed part is refused."""
+    here = pathlib.Path(__file__).resolve().parent
+
+    def collected(*extra):
+        run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                              "test_plan.py", "-m", "not gpu", *extra], cwd=here, capture_output=True, text=True)
+        return run.returncode, {line for line in run.stdout.splitlines() if "::" in line}
+
+    rc, whole = collected()
+    assert rc == 0 and len(whole) >= 6, whole
+    parts = [collected("--shard", f"{i}/3")[1] for i in (1, 2, 3)]
+    assert all(parts) and set().union(*parts) == whole and sum(map(len, parts)) == len(whole), parts
+    assert collected("--shard", "4/3")[0] != 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one call on a GPU machine runs: build, GPU tests, benchmarks, sanitizers.
 # The benchmarks append their rows to benchmarks/results/<gpu>.csv (bring that file back).
-# Usage: bash tools/device_run.sh [tests|tests-fast|bench|bench-between|bench-fused|bench-block|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|ncu-block|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
+# Usage: bash tools/device_run.sh [tests|tests:I/N|tests-fast|bench|bench-between|bench-fused|bench-block|bench-fp8in|bench-extra|bench-unaligned|ncu-wide|ncu-block|dist|sanitize|memcheck|racecheck]... ; logs go to $OUT (or ./out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -15,6 +15,12 @@ for step in "$@"; do
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu "${par[@]}" 2>&1 |
         tee "$OUT/tests_gpu.log" | tail -15 ;;
+    tests:*)  # part I of N of the whole GPU suite (tests:1/2, then tests:2/2 on the warm machine): on an H200 a
+      # fresh build and the whole suite overran one call's 600 s
+      par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
+      part=${step#tests:}
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu --shard "$part" "${par[@]}" 2>&1 |
+        tee "$OUT/tests_gpu_${part/\//of}.log" | tail -15 ;;
     tests-fast)  # every kernel family once (CONTRIBUTING.md)
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m "gpu and not slow" --durations=10 \
