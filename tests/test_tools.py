@@ -153,7 +153,7 @@ def test_sass_summary_without_source_page(tmp_path):
 
 def test_pytest_shard_parts():
     """conftest.py's --shard I/N: the N parts of a selection are disjoint and
-    make it whole; a malformed part is refused."""
+    make it whole; a part past N is refused."""
     here = pathlib.Path(__file__).resolve().parent
 
     def collected(*extra):

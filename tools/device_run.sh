@@ -11,16 +11,14 @@ JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90} \
 python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
 for step in "$@"; do
   case $step in
-    tests)  # the whole GPU suite, 8 processes where pytest-xdist is installed
+    tests|tests:*)  # the whole GPU suite, 8 processes where pytest-xdist is installed; tests:I/N its part I of N
+      # (tests:1/2, then tests:2/2 on the warm machine: on an H200 a fresh build and the whole suite overran
+      # one call's 600 s)
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
-      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu "${par[@]}" 2>&1 |
-        tee "$OUT/tests_gpu.log" | tail -15 ;;
-    tests:*)  # part I of N of the whole GPU suite (tests:1/2, then tests:2/2 on the warm machine): on an H200 a
-      # fresh build and the whole suite overran one call's 600 s
-      par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
-      part=${step#tests:}
-      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu --shard "$part" "${par[@]}" 2>&1 |
-        tee "$OUT/tests_gpu_${part/\//of}.log" | tail -15 ;;
+      shard=(); log=tests_gpu
+      if [ "$step" != tests ]; then part=${step#tests:}; shard=(--shard "$part"); log=tests_gpu_${part/\//of}; fi
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu "${shard[@]}" "${par[@]}" 2>&1 |
+        tee "$OUT/$log.log" | tail -15 ;;
     tests-fast)  # every kernel family once (CONTRIBUTING.md)
       par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m "gpu and not slow" --durations=10 \
