@@ -53,7 +53,7 @@ class _Shard:
         if not 1 <= i <= n:
             raise pytest.UsageError(f"--shard: expected I/N with 1 <= I <= N, got {shard!r}")
         config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i - 1])
-        items[:] = [item for k, item in enumerate(items) if k % n == i - 1]
+        items[:] = items[i - 1::n]
 
 
 def pytest_configure(config):

@@ -9,18 +9,17 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 JAX_RMSNORM_CUDA_ARCHITECTURES=${JAX_RMSNORM_CUDA_ARCHITECTURES:-90} \
   python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -c "import jax, jax_rmsnorm as j; print('cuda built:', j.cuda_built(), jax.devices())"
+par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)  # the test steps' processes, with pytest-xdist
 for step in "$@"; do
   case $step in
     tests|tests:*)  # the whole GPU suite, 8 processes where pytest-xdist is installed; tests:I/N its part I of N
       # (tests:1/2, then tests:2/2 on the warm machine: on an H200 a fresh build and the whole suite overran
       # one call's 600 s)
-      par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       shard=(); log=tests_gpu
       if [ "$step" != tests ]; then part=${step#tests:}; shard=(--shard "$part"); log=tests_gpu_${part/\//of}; fi
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m gpu "${shard[@]}" "${par[@]}" 2>&1 |
         tee "$OUT/$log.log" | tail -15 ;;
     tests-fast)  # every kernel family once (CONTRIBUTING.md)
-      par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 8)
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -rs tests -m "gpu and not slow" --durations=10 \
         "${par[@]}" 2>&1 | tee "$OUT/tests_fast.log" | tail -25 ;;
     dist) python3 benchmarks/bench_dist.py 2>&1 | tee "$OUT/bench_dist.log" ;;
