@@ -149,6 +149,9 @@ struct FwdArgs {
                                  // its rows in groups of group_size (CPU only)
   void* qt_scales = nullptr;     // kGroup with qt: its scales, (tensors, hidden, rows per tensor /
                                  // group_size), float32 or block_scales' bytes
+  void* qt_scales_ws = nullptr;  // (CUDA, the block formats) scratch of qt_scales' size: fwd_tiles writes
+                                 // them there as (tensors, rows per tensor / group_size, hidden), then
+                                 // transposes them into qt_scales
   bool scale_inverted = false;   // kTensor: q = y / scale[t] (CUDA: current scaling's 2nd pass)
   bool no_output = false;        // kTensor: amax only, y and h not written (CUDA: its 1st pass)
   int64_t tensors = 0;           // kTensor: x's rows split evenly into tensors (vmap)
@@ -325,6 +328,7 @@ inline ffi::DataType param_type(const ffi::AnyBuffer& x, const ffi::AnyBuffer& g
 #define JRN_REP5(X) X X X X X
 #define JRN_REP6(X) X X X X X X
 #define JRN_REP7(X) X X X X X X X
+#define JRN_REP8(X) X X X X X X X X
 #define JRN_BUFFERS(BIND, A, R) \
   BIND JRN_REP##A(.Arg<::xla::ffi::AnyBuffer>()) JRN_REP##R(.Ret<::xla::ffi::AnyBuffer>())
 

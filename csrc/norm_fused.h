@@ -354,7 +354,7 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
   ::xla::ffi::Error Fwd(CTX_DECL AnyBuffer x, AnyBuffer gamma, const AnyBuffer* beta,           \
                         AnyBuffer residual, AnyBuffer scale, AnyBuffer xs, AnyBuffer y,         \
                         AnyBuffer* mean, AnyBuffer rstd, AnyBuffer h, AnyBuffer qs,             \
-                        AnyBuffer qt, AnyBuffer qts, float eps,                                 \
+                        AnyBuffer qt, AnyBuffer qts, AnyBuffer ws, float eps,                   \
                         bool zc, bool has_gamma, bool has_beta, bool has_residual,              \
                         int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,     \
                         int32_t group_scale) {                                                  \
@@ -365,6 +365,12 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
         e.failure())                                                                            \
       return e;                                                                                 \
     if (auto e = check_group_scale<BACKEND>(a); e.failure()) return e;                          \
+    if (ws.element_count() != 0) { /* q_t's block scales' scratch (CUDA: fwd_tiles) */          \
+      if (!a.qt_scales || ws.size_bytes() != qts.size_bytes())                                  \
+        return ::xla::ffi::Error::InvalidArgument(                                              \
+            "jax_rmsnorm: the forward's workspace must be empty or of q_t's scales' size");     \
+      a.qt_scales_ws = ws.untyped_data();                                                       \
+    }                                                                                           \
     if (a.shape.rows == 0 && !a.tensor_amax())                                                  \
       return ::xla::ffi::Error::Success();                                                      \
     const AnyBuffer& xt = typed_input(x, y);                                                    \
@@ -374,28 +380,30 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
   }                                                                                             \
   }                                                                                             \
   JRN_HANDLER(PREFIX##RmsNormFwdFused,                                                             \
-      JRN_BUFFERS(BIND, 5, 6).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
+      JRN_BUFFERS(BIND, 5, 7).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
          ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
-         ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, float eps, bool zc, bool has_gamma, \
+         ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, ::jrn::FfiRet ws, float eps, bool zc, \
+         bool has_gamma,                                                                           \
          bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,    \
          int32_t group_scale) {                                                                    \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,     \
                                                               nullptr, *rstd, *h, *qs, *qt, *qts,  \
+                                                              *ws,                                 \
                                                               eps, zc, has_gamma, false,           \
                                                               has_residual,                        \
                                                               quant, group_size, scale_ub,         \
                                                               x_group, group_scale);               \
       });                                                                                          \
   JRN_HANDLER(PREFIX##LayerNormFwdFused,                                                           \
-      JRN_BUFFERS(BIND, 6, 7).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
+      JRN_BUFFERS(BIND, 6, 8).Attr<float>("eps") JRN_GAMMA_BETA_ATTRS JRN_FUSED_FWD_ATTRS,         \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf r,              \
          ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
          ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, \
-         float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,      \
+         ::jrn::FfiRet ws, float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,      \
          int64_t group_size, float scale_ub, int64_t x_group, int32_t group_scale) {               \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                   \
-            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, *qts, eps, zc, has_gamma,     \
+            CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, *qts, *ws, eps, zc, has_gamma, \
             has_beta, has_residual, quant, group_size, scale_ub, x_group, group_scale);            \
       });                                                                                          \
   JRN_HANDLER(PREFIX##RmsNormBwdAdd, JRN_BUFFERS(BIND, 5, 3) JRN_GAMMA_ATTRS,                      \

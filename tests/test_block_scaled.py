@@ -703,14 +703,17 @@ def _codes(y, fmt, block, g):
     return _bits(q), _bits(s)
 
 
-def _assert_kernel_codes(codes, qb, sb, yk, block, exact, delta=None):
+def _assert_kernel_codes(codes, qb, sb, yk, block, exact, delta=None, fp4=False):
     """qb, sb: a kernel's code and scale bits of y along its last axis, to
-    match codes(y) -> (code bits, scale bits) of the reference quantizer.
-    yk: y emulated, float32 where exact (bit for bit), else float64 known to
-    a few float32 ulps (LayerNorm: centred in two steps, beta's add maybe
-    contracted): each scale and code must be that of some y within `delta`
-    (default: a few ulps of the largest |y|) and all but 1% those of the
-    nearest float32."""
+    match codes(y) -> (code bits, scale bits) of the reference quantizer
+    (fp4: E2M1 codes, one a byte, else FP8). yk: y emulated, float32 where
+    exact (bit for bit), else float64 known to a few float32 ulps
+    (LayerNorm: centred in two steps, beta's add maybe contracted): each
+    scale must be that of some y within `delta` (default: a few ulps of the
+    largest |y|), each code lie between the codes, under its block's scale,
+    of two such y (codes rise with y: elements far below the block's max
+    step through several codes within delta), and all but 1% of both be
+    those of the nearest float32."""
     if exact:
         want_q, want_s = codes(yk)
         np.testing.assert_array_equal(sb, want_s)
@@ -718,13 +721,18 @@ def _assert_kernel_codes(codes, qb, sb, yk, block, exact, delta=None):
         return
     if delta is None:
         delta = 4e-7 * np.abs(yk).max() + 2.0 ** -22 * np.abs(yk)
+    sign = 0x8 if fp4 else 0x80  # codes are sign and magnitude: order them as integers
+    order = lambda b: np.where(b & sign, -(b & (sign - 1)).astype(np.int16), (b & (sign - 1)).astype(np.int16))
     cands = [codes((yk + k * delta / 3).astype(np.float32)) for k in range(-3, 4)]
-    s_ok, q_ok = np.zeros(sb.shape, bool), np.zeros(qb.shape, bool)
+    s_ok = np.zeros(sb.shape, bool)
+    lo, hi = np.full(qb.shape, 255, np.int16), np.full(qb.shape, -255, np.int16)
     for cq, cs in cands:
         same = cs == sb
         s_ok |= same
-        q_ok |= (cq == qb) & np.repeat(same, block, axis=-1)  # (float4 codes are read back one a byte)
+        same = np.repeat(same, block, axis=-1)
+        lo, hi = np.where(same, np.minimum(lo, order(cq)), lo), np.where(same, np.maximum(hi, order(cq)), hi)
     assert s_ok.all(), f"{(~s_ok).sum()} scales are no y's within a few ulps"
+    q_ok = (lo <= order(qb)) & (order(qb) <= hi)
     assert q_ok.all(), f"{(~q_ok).sum()} codes are no y's within a few ulps"
     near_q, near_s = cands[3]
     assert (near_s != sb).mean() < 0.01 and (near_q != qb).mean() < 0.01
@@ -809,7 +817,8 @@ def test_kernel_codes(kind, dtype, fmt, shape, platform):
         m = np.asarray(mean, np.float64)[..., None]
         yk = (f64(x) - m) * rs * f64(gamma) + f64(beta)
         delta = 4e-7 * np.abs(yk).max(-1, keepdims=True) + 2.0 ** -22 * np.abs(yk)
-        _assert_kernel_codes(lambda y: _codes(y, fmt, block, g), qb, sb, yk, block, exact=False, delta=delta)
+        _assert_kernel_codes(lambda y: _codes(y, fmt, block, g), qb, sb, yk, block, exact=False, delta=delta,
+                             fp4=fmt == "nvfp4")
     assert len(np.unique(qb)) > 8
 
 
@@ -875,7 +884,7 @@ def test_kernel_columnwise(kind, fmt, platform):
     else:
         yk = (f64(x) - np.asarray(mean, np.float64)[..., None]) * rs * f64(gamma) + f64(beta)
     _assert_kernel_codes(lambda y: _codes(y, fmt, block, g), qb, sb, np.swapaxes(yk, -1, -2), block,
-                         exact=kind == "rms")
+                         exact=kind == "rms", fp4=fmt == "nvfp4")
     assert len(np.unique(qb)) > 8
     # the public function's copy on the GPU is the same kernel's
     pub = jax.vmap(lambda x, g_: (_mxfp8(kind, x, *args[1:], transpose=True) if fmt == "mxfp8" else
@@ -939,7 +948,10 @@ def test_columnwise_group_sizes(platform, group):
 # tensors (vmap); LayerNorm's rows far from zero (offset: 150 times their
 # spread; RMSNorm's y would be nearly constant there, its codes too). RMSNorm
 # bit for bit against y emulated from the kernel's rstd, LayerNorm within a
-# few ulps (as test_kernel_codes), its mean and rstd against float64.
+# few ulps (as test_kernel_codes), its mean and rstd against float64. The
+# block formats' q_t scales are written by rows and transposed: the cases of
+# 128 rows a tensor and more take the transpose's wider stores (4, 8 and 16
+# rows of scales).
 TILE_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "float": ("float32", 32, E4M3),
                 "pow2": ("pow2", 16, E5M2)}
 TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64, 384), {}),
@@ -949,7 +961,11 @@ TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64,
               ("mxfp8", (2, 32, 1024), {}), ("nvfp4", (2, 64, 512), {}),
               ("mxfp8", (64, 4096), {"residual": True}), ("nvfp4", (96, 2880), {"residual": True}),
               ("pow2", (32, 20480), {"residual": True}),
-              ("mxfp8", (64, 4096), {"offset": 300.0}), ("nvfp4", (32, 20480), {"offset": -300.0, "residual": True})]
+              ("mxfp8", (64, 4096), {"offset": 300.0}), ("nvfp4", (32, 20480), {"offset": -300.0, "residual": True}),
+              ("mxfp8", (256, 1024), {}), ("nvfp4", (128, 2880), {"param": jnp.float32}),
+              ("nvfp4", (256, 1024), {}), ("mxfp8", (2, 128, 4096), {"residual": True}),
+              ("nvfp4", (2, 128, 512), {"zero_centered": True}), ("mxfp8", (128, 4096), {"offset": 300.0}),
+              ("pow2", (128, 20480), {"residual": True})]
 
 
 def _tile_codes(fmt, y, block, g):
@@ -982,8 +998,10 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
     tensors = shape[0] if len(shape) == 3 else 1
     plan = _ffi.describe_plan("fwd", kind, (rows, hidden), np.dtype(dtype).name, param_dtype=np.dtype(param).name,
                               quant="group", group_size=block, group_scale=rule, qt=True, tensors=tensors,
-                              zero_centered=zc, gamma=not no_params, beta=not no_params, residual=residual)
+                              zero_centered=zc, gamma=not no_params, beta=not no_params, residual=residual,
+                              device="current")
     assert plan.startswith("fwd_tiles"), plan
+    assert ("qt_scales=transpose8" in plan) == (fmt in ("mxfp8", "nvfp4")), plan
     key = case_key(("gpu_tiles", kind, fmt, shape, str(opts)))
     x = random(key, shape, dtype, scale=2.0, offset=opts.get("offset", 0.3))
     # rows spread over binades, so that the columns' blocks differ
@@ -1031,8 +1049,8 @@ def test_kernel_tiles(kind, fmt, shape, opts, platform):
         yk = (f64(x) - mean.astype(np.float64)[..., None]) * rs * f64(s) + (f64(beta) if has_beta else 0.0)
     exact = kind == "rms"
     codes = lambda y: _tile_codes(fmt, y, block, g)
-    _assert_kernel_codes(codes, bits(q), bits(qs), yk, block, exact)
-    _assert_kernel_codes(codes, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, exact)
+    _assert_kernel_codes(codes, bits(q), bits(qs), yk, block, exact, fp4=fmt == "nvfp4")
+    _assert_kernel_codes(codes, bits(qt), bits(qts), np.swapaxes(yk, -1, -2), block, exact, fp4=fmt == "nvfp4")
     assert len(np.unique(bits(qt))) > 8 and len(np.unique(bits(qts))) > 2
 
 

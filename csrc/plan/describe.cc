@@ -99,6 +99,7 @@ std::string describe(const FwdPlan& p) {
   if (p.smem > 0) l.add("smem", p.smem);
   if (p.chunks > 0) l.add("chunks", p.chunks);
   if (p.width > 0) l.add("width", p.width);
+  if (p.scales_by_rows) l.add("qt_scales", "transpose8");
   if (p.early_launch) l.add("early_launch", 1);
   if (p.columns) l.add("columns", "fwd_columns");
   l.add("rule", p.rule);

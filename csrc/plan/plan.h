@@ -400,6 +400,7 @@ struct FwdPlan {
   bool whole = false;      // fwd_slices: the row fills the threads exactly
   int64_t chunks = 0;      // two passes: fwd_apply's CTAs a row
   int width = 0;           // fwd_tiles: a CTA's columns (the last CTA of a cluster's may be fewer)
+  bool scales_by_rows = false;  // fwd_tiles: q_t's block scales by rows into the workspace, then transpose8
   bool columns = false;    // fwd_columns after the rowwise kernel: the per-group output's columnwise copy
   const char* rule = "";   // the docs/tuning.md entry that says why
 };

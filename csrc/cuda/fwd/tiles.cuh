@@ -300,7 +300,10 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
     // e's scale is e / G. A pair's 16 codes a column and lane fill a 32-byte
     // sector (FP8) or half of one (NVFP4). Groups of 32 rows span the pair
     // (their max crosses it; each lane then stores one column's scale), groups
-    // of 16 are a lane's.
+    // of 16 are a lane's. The block formats' scales go by rows instead, to
+    // the workspace a.qt_scales_ws, (tensors, rows per tensor / G, hidden):
+    // a warp's in whole sectors where q_t's would be a byte a sector; the
+    // launcher transposes them into q_t's scales after.
     {
       constexpr int kHalf = S / 2;
       const int h = lane & 1;
@@ -308,6 +311,8 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
       const int c_first = 2 * static_cast<int>(threadIdx.x / 2);
       int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
+      void* const qts = a.qt_scales_ws ? a.qt_scales_ws : a.qt_scales;
+      const int64_t by_rows = (t * groups.index(R) + groups.index(row0 - t * R + h * kHalf)) * H + col0;
       for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
         const T* src = at(h * kHalf, c);
         float sc[2], sh[2] = {};
@@ -335,9 +340,11 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           g1 = abs_max(g1, __shfl_xor_sync(0xffffffffu, g1, 1));
         }
         const int64_t e1 = e0 + R;  // and of column c + 1
-        const GroupCode k0 = group_scale<kRule>(a, a.qt_scales, groups.index(e0), g0, global, G != S || h == 0);
+        const int64_t s0 = a.qt_scales_ws ? by_rows + c : groups.index(e0);  // column c's scale
+        const int64_t s1 = a.qt_scales_ws ? by_rows + c + 1 : groups.index(e1);
+        const GroupCode k0 = group_scale<kRule>(a, qts, s0, g0, global, G != S || h == 0);
         store_codes<kHalf, kRule>(a, a.qt, e0, y0, global, k0);
-        const GroupCode k1 = group_scale<kRule>(a, a.qt_scales, groups.index(e1), g1, global, G != S || h == 1);
+        const GroupCode k1 = group_scale<kRule>(a, qts, s1, g1, global, G != S || h == 1);
         store_codes<kHalf, kRule>(a, a.qt, e1, y1, global, k1);
       }
     }
