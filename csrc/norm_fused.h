@@ -383,14 +383,12 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
       JRN_BUFFERS(BIND, 5, 7).Attr<float>("eps") JRN_GAMMA_ATTRS JRN_FUSED_FWD_ATTRS,              \
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf r, ::jrn::FfiBuf s,              \
          ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet rstd, ::jrn::FfiRet h,                   \
-         ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, ::jrn::FfiRet ws, float eps, bool zc, \
-         bool has_gamma,                                                                           \
-         bool has_residual, int32_t quant, int64_t group_size, float scale_ub, int64_t x_group,    \
-         int32_t group_scale) {                                                                    \
+         ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, ::jrn::FfiRet ws, float eps,       \
+         bool zc, bool has_gamma, bool has_residual, int32_t quant, int64_t group_size,            \
+         float scale_ub, int64_t x_group, int32_t group_scale) {                                   \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kRms>(CTX x, g, nullptr, r, s, xs, *y,     \
                                                               nullptr, *rstd, *h, *qs, *qt, *qts,  \
-                                                              *ws,                                 \
-                                                              eps, zc, has_gamma, false,           \
+                                                              *ws, eps, zc, has_gamma, false,      \
                                                               has_residual,                        \
                                                               quant, group_size, scale_ub,         \
                                                               x_group, group_scale);               \
@@ -400,8 +398,8 @@ inline ffi::Error check_group_scale(const FwdArgs& a) {
       [](CTX_DECL ::jrn::FfiBuf x, ::jrn::FfiBuf g, ::jrn::FfiBuf b, ::jrn::FfiBuf r,              \
          ::jrn::FfiBuf s, ::jrn::FfiBuf xs, ::jrn::FfiRet y, ::jrn::FfiRet mean,                   \
          ::jrn::FfiRet rstd, ::jrn::FfiRet h, ::jrn::FfiRet qs, ::jrn::FfiRet qt, ::jrn::FfiRet qts, \
-         ::jrn::FfiRet ws, float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual, int32_t quant,      \
-         int64_t group_size, float scale_ub, int64_t x_group, int32_t group_scale) {               \
+         ::jrn::FfiRet ws, float eps, bool zc, bool has_gamma, bool has_beta, bool has_residual,   \
+         int32_t quant, int64_t group_size, float scale_ub, int64_t x_group, int32_t group_scale) { \
         return jrn_fused_##PREFIX::Fwd<::jrn::NormKind::kLayer>(                                   \
             CTX x, g, &b, r, s, xs, *y, &*mean, *rstd, *h, *qs, *qt, *qts, *ws, eps, zc, has_gamma, \
             has_beta, has_residual, quant, group_size, scale_ub, x_group, group_scale);            \
