@@ -7,13 +7,14 @@ its instructions on:
 
 Without a GPU, one source file's kernels can be read from a cubin that nvcc
 builds alone (flags as CMakeLists.txt gives them; JAX's FFI headers from jaxlib;
-the forward's are in norm_fwd_{rms,layer}_{f32,bf16,f16}.cu, the backward's
-in norm_bwd_{f32,bf16,f16}.cu, by normalization and type of x):
+the forward's are in csrc/cuda/units/fwd_{rms,layer}_{f32,bf16,f16}.cu, the
+backward's in csrc/cuda/units/bwd_{f32,bf16,f16}.cu, by normalization and type
+of x):
 
     nvcc -std=c++20 -O3 --expt-relaxed-constexpr -DNDEBUG -arch=sm_90 -cubin -Xptxas -v \
         -isystem $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/include \
         -I csrc -I csrc/cuda csrc/cuda/units/fwd_rms_bf16.cu -o fwd_rms_bf16.cubin
-    cuobjdump -sass norm_fwd.cubin | python3 tools/sass_summary.py fwd_regs
+    cuobjdump -sass fwd_rms_bf16.cubin | python3 tools/sass_summary.py fwd_regs
 
 Where the toolkit has nvcc but neither cuobjdump nor nvdisasm (which cuobjdump
 runs), the PyPI wheels nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm hold
@@ -25,7 +26,7 @@ load or bulk copy is issued: there each warp waits a memory round trip before
 its data loads go out (a scale or a statistic loaded first and spilled,
 inverted or moved to a uniform register). Kernels that must read a value
 first (a row's shift, say) show up too; it is a list to read, not a verdict:
-    cuobjdump -sass norm_fwd.cubin | python3 tools/sass_summary.py --waits fwd_
+    cuobjdump -sass fwd_rms_bf16.cubin | python3 tools/sass_summary.py --waits fwd_
 
 With --executed, it reads instead Nsight Compute's per-instruction counts of
 one profiled launch (the SourceCounters section, exported as the source
