@@ -165,6 +165,13 @@ def cuda_slots(kind: str, dtype, rows_per_group: int, hidden: int, param_outputs
                                                 int(param_outputs))
 
 
+def qt_scales_workspace(group_scale: str) -> bool:
+    """Whether the CUDA fused forward takes a workspace of the columnwise
+    copy's scales' size for ``group_scale`` (its scales written by rows, then
+    transposed: the plan's tile_scales_by_rows)."""
+    return bool(_jax_rmsnorm_cpu.tile_scales_by_rows(group_scale))
+
+
 def plan_limits() -> dict:
     """The launch plans' thresholds (csrc/plan/plan.h) that tests probe on both sides."""
     return dict(_jax_rmsnorm_cpu.plan_limits())
@@ -176,7 +183,7 @@ def export_checks() -> list:
     ``jax.export`` accepts only custom calls it knows to be stable; pass
     ``disabled_checks=jax_rmsnorm.export_checks()`` to ``jax.export.export``.
     The side that deserializes and runs the artifact must ``import
-    jax_rmsnorm`` first (same or newer version), which registers the targets.
+    jax_rmsnorm`` first, of the same version, which registers the targets.
     """
     from jax import export
 

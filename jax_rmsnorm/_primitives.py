@@ -350,11 +350,11 @@ def _fwd_local(st, x, *rest):
                      x_group_size=np.int64(fused.x_group_size),
                      group_scale=np.int32(GROUP_SCALE_CODES[fused.group_scale]))
         target = "jrn_rms_norm_fwd_fused" if st.kind == RMS else "jrn_layer_norm_fwd_fused"
-        # A workspace of the columnwise copy's block scales' size on the GPU
-        # (the kernel writes them by rows, then transposes them), else empty.
+        # A workspace of the columnwise copy's scales' size where the GPU's
+        # kernel writes them by rows, then transposes them; else empty.
         qts = outs[-1]
-        ws = (qts.size if st.platform == "cuda" and fused.columnwise and fused.group_scale in ("e8m0", "nvfp4")
-              else 0)
+        by_rows = st.platform == "cuda" and fused.columnwise and _ffi.qt_scales_workspace(fused.group_scale)
+        ws = qts.size * np.dtype(qts.dtype).itemsize if by_rows else 0  # bytes
         results = [(o.shape, o.dtype) for o in outs] + [((ws,), np.uint8)]
         return _call(target, results, x, *rest, eps=np.float32(st.eps), **attrs)[:-1]
     if st.given_stats:

@@ -163,6 +163,20 @@ def test_plan_examples():
     assert describe_plan("fwd", "layer", (52428, 2560), "bfloat16", **mx).startswith("fwd_slices[base] ")
 
 
+@pytest.mark.parametrize("group_scale,group_size", [("e8m0", 32), ("nvfp4", 16), ("float32", 32), ("pow2", 16)])
+def test_tile_scales_workspace_agrees(group_scale, group_size):
+    """The columnwise copy's scales go by rows through the workspace where
+    the plan says so and only there: the primitive sizes the workspace by
+    the same rule (_ffi.qt_scales_workspace) that the plan prints."""
+    from jax_rmsnorm import _ffi
+
+    plan = describe_plan("fwd", "rms", (32768, 4096), "bfloat16", quant="group", group_size=group_size,
+                         group_scale=group_scale, qt=True)
+    assert plan.startswith("fwd_tiles"), plan
+    assert ("qt_scales=transpose8" in plan) == _ffi.qt_scales_workspace(group_scale), plan
+    assert _ffi.qt_scales_workspace(group_scale) == (group_scale in ("e8m0", "nvfp4"))
+
+
 def test_describe_plan_errors():
     with pytest.raises(ValueError, match="direction"):
         describe_plan("sideways", "rms", (4, 8), "float32")

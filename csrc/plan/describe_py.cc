@@ -130,6 +130,9 @@ void bind_describe(nb::module_& m) {
     return workspace_slots(named(kind, "kind", kKinds), named(dtype, "dtype", kDTypes), rows_per_group, hidden,
                            param_outputs);
   });
+  m.def("tile_scales_by_rows", [](const std::string& group_scale) {
+    return tile_scales_by_rows(named(group_scale, "group_scale", kGroupScales));
+  });
   // The plans' thresholds that the tests probe on both sides.
   m.def("plan_limits", [] {
     nb::dict d;

@@ -383,6 +383,12 @@ constexpr bool unaligned_exists(Quant q) { return q == Quant::kNone || q == Quan
 
 // ---- The forward plan.
 
+// Whether fwd_tiles writes q_t's scales of `rule` by rows into the fused
+// forward's workspace (an FFI result of q_t scales' size, which the
+// primitive sizes by this), then transposes them (fwd-tiles): the block
+// formats' scale bytes, which in q_t's layout would land one a sector.
+constexpr bool tile_scales_by_rows(GroupScale rule) { return rule == GroupScale::kE8M0 || rule == GroupScale::kNvfp4; }
+
 struct FwdPlan {
   FwdKernel kernel = FwdKernel::kNone;
   FwdKey key;              // the instance: element types, pack width, FP8 x

@@ -288,7 +288,7 @@ void plan_tiles(FwdPlan& plan, const FwdProblem& p, const TileCut& t) {
   plan.threads = kTileThreads;
   plan.cluster = t.cluster;
   plan.width = t.width;
-  plan.scales_by_rows = p.group_scale == GroupScale::kE8M0 || p.group_scale == GroupScale::kNvfp4;
+  plan.scales_by_rows = tile_scales_by_rows(p.group_scale);
   plan.smem = t.smem;
   plan.ctas = p.rows / kTileRows * t.cluster;
   plan.rule = "fwd-tiles";
