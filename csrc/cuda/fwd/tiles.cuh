@@ -7,7 +7,8 @@
 // (q: a warp a run of 32 packs, each lane a pack, its scale and shift held
 // in registers; a group takes group_size / VEC lanes) and down the columns
 // (q_t: a pair of lanes two columns, each lane half the rows, so that the
-// pair's stores fill whole 32-byte sectors). Both passes form y with
+// pair's stores fill whole 32-byte sectors; the block formats' scales go by
+// rows to a workspace that the launcher transposes). Both passes form y with
 // norm_value, so q and q_t code the same float32 values. Each CTA pushes its
 // rows' partial sums into every other CTA's shared memory (push_slot), once
 // (LayerNorm's around a shift that every CTA of the cluster finds alike): no
