@@ -178,13 +178,13 @@ ffi::Error run_tiles(cudaStream_t stream, const FwdArgs& a, const plan::FwdPlan&
   if constexpr (sizeof(T) == 2) {
     if (p.ctas > INT32_MAX) return too_many_rows();
     // The block formats' q_t scales by rows into the workspace, then
-    // transposed into place (the plan's scales_by_rows).
-    if (p.scales_by_rows && !a.qt_scales_ws)
-      return ffi::Error::Internal("jax_rmsnorm: fwd_tiles: q_t's block scales need the forward's workspace");
-    FwdArgs b = a;
-    if (!p.scales_by_rows) b.qt_scales_ws = nullptr;
+    // transposed into place (the plan's scales_by_rows; the primitive gives
+    // the workspace by the same rule, tile_scales_by_rows).
+    if (p.scales_by_rows != (a.qt_scales_ws != nullptr))
+      return ffi::Error::Internal("jax_rmsnorm: fwd_tiles: the forward's workspace disagrees with the plan's "
+                                  "q_t scales by rows");
     JRN_RETURN_IF_ERROR(launch_clustered(fwd_tiles<K, T, P>, dim3(static_cast<unsigned>(p.ctas)), dim3(p.threads),
-                                         static_cast<size_t>(p.smem), stream, p.cluster, "fwd_tiles", b, p.width,
+                                         static_cast<size_t>(p.smem), stream, p.cluster, "fwd_tiles", a, p.width,
                                          inv_hidden(a)));
     if (!p.scales_by_rows) return ffi::Error::Success();
     return launch_transpose8(stream, a.qt_scales_ws, a.qt_scales, a.tensors, a.rows_per_tensor() / a.group_size,
