@@ -312,9 +312,14 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
       const int64_t first = (t * H + col0) * R + (row0 - t * R);  // q_t's element of column col0, row row0
       const int c_first = 2 * static_cast<int>(threadIdx.x / 2);
       int64_t e0 = first + c_first * R + h * kHalf;  // q_t's element of this lane's first code of column c
-      void* const qts = a.qt_scales_ws ? a.qt_scales_ws : a.qt_scales;
-      const int64_t by_rows = (t * groups.index(R) + groups.index(row0 - t * R + h * kHalf)) * H + col0;
-      for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R) {
+      // s0: column c's scale, s_step further a column (by rows, 1; in q_t's
+      // layout, R / G: R is whole tiles, so whole groups).
+      const bool by_rows = a.qt_scales_ws != nullptr;
+      void* const qts = by_rows ? a.qt_scales_ws : a.qt_scales;
+      const int64_t s_step = by_rows ? 1 : groups.index(R);
+      int64_t s0 = by_rows ? (t * groups.index(R) + groups.index(row0 - t * R + h * kHalf)) * H + col0 + c_first
+                           : groups.index(e0);
+      for (int c = c_first; c < n_cols; c += kTileThreads, e0 += kTileThreads * R, s0 += kTileThreads * s_step) {
         const T* src = at(h * kHalf, c);
         float sc[2], sh[2] = {};
         scale_shift_of(c, sc, sh);
@@ -340,9 +345,7 @@ __global__ void __launch_bounds__(kTileThreads, kTileMinCtas) fwd_tiles(FwdArgs 
           g0 = abs_max(g0, __shfl_xor_sync(0xffffffffu, g0, 1));
           g1 = abs_max(g1, __shfl_xor_sync(0xffffffffu, g1, 1));
         }
-        const int64_t e1 = e0 + R;  // and of column c + 1
-        const int64_t s0 = a.qt_scales_ws ? by_rows + c : groups.index(e0);  // column c's scale
-        const int64_t s1 = a.qt_scales_ws ? by_rows + c + 1 : groups.index(e1);
+        const int64_t e1 = e0 + R, s1 = s0 + s_step;  // column c + 1's first code and scale
         const GroupCode k0 = group_scale<kRule>(a, qts, s0, g0, global, G != S || h == 0);
         store_codes<kHalf, kRule>(a, a.qt, e0, y0, global, k0);
         const GroupCode k1 = group_scale<kRule>(a, qts, s1, g1, global, G != S || h == 1);
