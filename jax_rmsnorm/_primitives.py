@@ -351,7 +351,9 @@ def _fwd_local(st, x, *rest):
                      group_scale=np.int32(GROUP_SCALE_CODES[fused.group_scale]))
         target = "jrn_rms_norm_fwd_fused" if st.kind == RMS else "jrn_layer_norm_fwd_fused"
         # A workspace of the columnwise copy's scales' size where the GPU's
-        # kernel writes them by rows, then transposes them; else empty.
+        # kernel writes them by rows, then transposes them; else empty. It is
+        # sized for every such call: whether fwd_tiles or fwd_columns runs is
+        # the plan's choice at run time (buffer alignment among its tests).
         qts = outs[-1]
         by_rows = st.platform == "cuda" and fused.columnwise and _ffi.qt_scales_workspace(fused.group_scale)
         ws = qts.size * np.dtype(qts.dtype).itemsize if by_rows else 0  # bytes
