@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(kSliceThreads) bwd_slices(BwdArgs a, SlotLayou
   // The CTA walks one slice of columns for all its rows and reads a pack's
   // gamma twice a row: the slice is copied into shared memory once, each
   // thread its own packs (so no barrier), rather than loaded from L1/L2 each
-  // time (waits on L1TEX loads were 31% of the cycles between issues,
-  // Nsight Compute). The registers have no room for them, and the shared
-  // memory costs no CTAs: at 512 threads the registers already allow one an
-  // SM (docs/tuning.md, bwd-slices-sgamma).
+  // time (the loads' waits were the kernel's largest stall). The registers
+  // have no room for them, and the shared memory costs no CTAs: at 512
+  // threads the registers already allow one an SM (docs/tuning.md,
+  // bwd-slices-sgamma).
   using GammaPack = Pack<P, VEC>;
   GammaPack* const sgamma = reinterpret_cast<GammaPack*>(stages + 4 * packs);
   if (gamma != nullptr) {
