@@ -951,7 +951,8 @@ def test_columnwise_group_sizes(platform, group):
 # few ulps (as test_kernel_codes), its mean and rstd against float64. The
 # block formats' q_t scales are written by rows and transposed: the cases of
 # 128 rows a tensor and more take the transpose's wider stores (4, 8 and 16
-# rows of scales).
+# rows of scales); the float32 and power-of-two scales, in place, also of
+# two tensors.
 TILE_FORMATS = {"mxfp8": ("e8m0", 32, E4M3), "nvfp4": ("nvfp4", 16, E2M1), "float": ("float32", 32, E4M3),
                 "pow2": ("pow2", 16, E5M2)}
 TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64, 384), {}),
@@ -965,7 +966,7 @@ TILE_CASES = [("mxfp8", (64, 384), {}), ("nvfp4", (64, 384), {}), ("float", (64,
               ("mxfp8", (256, 1024), {}), ("nvfp4", (128, 2880), {"param": jnp.float32}),
               ("nvfp4", (256, 1024), {}), ("mxfp8", (2, 128, 4096), {"residual": True}),
               ("nvfp4", (2, 128, 512), {"zero_centered": True}), ("mxfp8", (128, 4096), {"offset": 300.0}),
-              ("pow2", (128, 20480), {"residual": True})]
+              ("pow2", (128, 20480), {"residual": True}), ("float", (2, 64, 384), {}), ("pow2", (2, 64, 2048), {})]
 
 
 def _tile_codes(fmt, y, block, g):
